@@ -1,0 +1,40 @@
+"""Base pieces shared by every contract: frozen models, safe identifiers, JSON values.
+
+Every document that crosses a process boundary (on the wire or at rest) is a
+frozen pydantic model that forbids unknown fields and carries a
+``schema_version``. Identifiers that end up in routing keys, Redis keys or AMQP
+headers are restricted to a small charset and length so that no publisher can
+smuggle a ``.``, ``*``, ``#``, ``{`` or a newline into them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+from pydantic import BaseModel, ConfigDict, StringConstraints
+
+SAFE_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+"""Turn, session and agent ids: letters, digits, ``_`` and ``-``; 1 to 128 characters."""
+
+TOOL_NAME_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
+"""Tool names follow the OpenAI function-name rule, which is also safe in routing keys."""
+
+SafeId = Annotated[str, StringConstraints(pattern=SAFE_ID_PATTERN)]
+AgentName = Annotated[str, StringConstraints(pattern=SAFE_ID_PATTERN)]
+ToolName = Annotated[str, StringConstraints(pattern=TOOL_NAME_PATTERN)]
+CallId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")]
+"""A tool call id as a model produced it: printable ASCII without spaces, at most 256 chars."""
+
+JsonObject = dict[str, Any]
+"""A JSON object (metadata, tool arguments, tool values). Depth is bounded by the codec."""
+
+
+class Contract(BaseModel):
+    """Root of every contract: immutable, strict about unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+def utf8_len_ok(value: str, limit: int) -> bool:
+    """True when ``value`` encodes to at most ``limit`` bytes of UTF-8."""
+    return len(value) <= limit and len(value.encode("utf-8", "surrogatepass")) <= limit

@@ -1,0 +1,123 @@
+"""msgpack codec with hard limits, for every contract on the wire and at rest.
+
+Decoding never trusts a length header: msgpack's own limits reject a container
+claiming more items, or a string claiming more bytes, than the message could
+hold, before anything is allocated; nesting is bounded by msgpack's fixed parser
+stack and then by ``MAX_DEPTH``; map keys must be strings; strings must be valid
+UTF-8; trailing bytes are an error. Every failure is one ``DecodeError`` with a
+readable reason, never a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypeVar
+
+import msgpack
+from pydantic import BaseModel, ValidationError
+
+MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+MAX_DEPTH: Final = 32
+MAX_CONTAINER_ITEMS: Final = 100_000
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a valid message of the expected contract."""
+
+    def __init__(self, reason: str, *, code: str = "malformed") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+def encode(model: BaseModel) -> bytes:
+    """Encode a contract as msgpack (JSON-compatible data, no pickle, no ext types)."""
+    data = model.model_dump(mode="json", exclude_defaults=False)
+    return encode_obj(data)
+
+
+def encode_obj(obj: Any) -> bytes:
+    packed: bytes = msgpack.packb(obj, use_bin_type=True, datetime=False)
+    return packed
+
+
+def decode_obj(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
+    """Decode msgpack bytes into plain Python data under the codec's limits."""
+    size = len(data)
+    if size > max_bytes:
+        raise DecodeError(f"message is {size} bytes; the limit is {max_bytes}", code="oversize")
+    if size == 0:
+        raise DecodeError("message is empty")
+    limit = min(size, MAX_CONTAINER_ITEMS)
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=size,
+            max_bin_len=size,
+            max_array_len=limit,
+            max_map_len=limit,
+            max_ext_len=0,
+        )
+    except msgpack.ExtraData:
+        raise DecodeError("trailing bytes after the message") from None
+    except msgpack.StackError:
+        raise DecodeError("message nests too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"invalid UTF-8 in a string: {exc.reason}") from None
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise DecodeError(f"not valid msgpack: {_short(str(exc)) or type(exc).__name__}") from None
+    _check_depth(obj)
+    return obj
+
+
+def decode(data: bytes, model: type[M], *, max_bytes: int = MAX_MESSAGE_BYTES) -> M:
+    """Decode msgpack bytes into ``model``; any problem is a ``DecodeError``."""
+    obj = decode_obj(data, max_bytes=max_bytes)
+    return validate(obj, model)
+
+
+def validate(obj: Any, model: type[M]) -> M:
+    if not isinstance(obj, dict):
+        raise DecodeError(
+            f"expected a map for {model.__name__}, got {type(obj).__name__}", code="schema"
+        )
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise DecodeError(f"invalid {model.__name__}: {_errors(exc)}", code="schema") from None
+
+
+def _check_depth(obj: Any) -> None:
+    """Reject data nested deeper than ``MAX_DEPTH`` (iteratively: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth >= MAX_DEPTH:
+            raise DecodeError(f"message nests deeper than {MAX_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def _errors(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False, include_input=False)[:5]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    if more > 0:
+        parts.append(f"and {more} more")
+    return _short("; ".join(parts), 1000)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = text.replace("\n", " ").replace("\r", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

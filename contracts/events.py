@@ -1,0 +1,163 @@
+"""Lifecycle events published on the ``loopwire.events`` topic exchange.
+
+An event is a CloudEvents 1.0 event in binary mode: its attributes travel as
+AMQP headers (``ce-id``, ``ce-type``, ``ce-source``, ``ce-time``,
+``ce-specversion``, ``ce-subject``), its body is this ``Event`` encoded with
+msgpack. Event ids are deterministic (a UUIDv5 of type, turn, step and call),
+so an event re-published after a redelivered step carries the same id and a
+consumer can drop the duplicate. The routing key is
+``<entity>.<action>.<agent>.<turn_id>``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import Field
+
+from contracts.base import Contract, SafeId
+from contracts.messages import Usage
+from contracts.state import StepType, ToolOutcome
+from contracts.turns import FinishReason, TurnResult
+
+EventType = Literal[
+    "turn.accepted",
+    "turn.started",
+    "step.completed",
+    "tool.invoking",
+    "tool.invoked",
+    "turn.completed",
+    "turn.failed",
+    "turn.rejected",
+]
+EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-defined]
+
+EVENT_SOURCE = "/loopwire/worker"
+UNKNOWN = "_unknown"
+_NAMESPACE = uuid.UUID("5d0c0b8e-7a51-4f43-9d1e-6c1f1f0f7a11")
+
+
+class TurnAccepted(Contract):
+    persist: bool
+    input_messages: int
+
+
+class TurnStarted(Contract):
+    history_len: int
+    max_tool_iterations: int
+
+
+class StepCompleted(Contract):
+    step_type: StepType
+    finish_reason: str
+    tool_calls: int
+    usage: Usage
+    duration_s: float
+    model_duration_s: float
+
+
+class ToolInvoking(Contract):
+    tool: str
+    call_id: str
+    attempt: int = 1
+
+
+class ToolInvoked(Contract):
+    tool: str
+    call_id: str
+    outcome: ToolOutcome
+    duration_s: float
+    truncated: bool = False
+    error: str | None = None
+
+
+class TurnFinished(Contract):
+    result: TurnResult
+
+
+class TurnRejected(Contract):
+    reason: str = Field(max_length=2000)
+    code: str = Field(max_length=64)
+
+
+EventData = (
+    TurnAccepted
+    | TurnStarted
+    | StepCompleted
+    | ToolInvoking
+    | ToolInvoked
+    | TurnFinished
+    | TurnRejected
+)
+
+
+class Event(Contract):
+    """One lifecycle event."""
+
+    schema_version: Literal[1] = 1
+    id: str
+    type: EventType
+    source: str = EVENT_SOURCE
+    time: float
+    agent: str
+    turn_id: SafeId | None = None
+    session_id: SafeId | None = None
+    step: int | None = None
+    data: EventData
+
+    @property
+    def routing_key(self) -> str:
+        entity, action = self.type.split(".")
+        return f"{entity}.{action}.{self.agent}.{self.turn_id or UNKNOWN}"
+
+    def headers(self) -> dict[str, str]:
+        """CloudEvents binary-mode attributes as AMQP headers."""
+        headers = {
+            "ce-specversion": "1.0",
+            "ce-id": self.id,
+            "ce-type": self.type,
+            "ce-source": self.source,
+            "ce-time": datetime.fromtimestamp(self.time, UTC).isoformat().replace("+00:00", "Z"),
+        }
+        if self.turn_id:
+            headers["ce-subject"] = self.turn_id
+        return headers
+
+
+def event_id(
+    event_type: str, turn_id: str | None, step: int | None = None, call_id: str = ""
+) -> str:
+    """The deterministic id of an event: the same occurrence always gets the same id."""
+    key = f"{event_type}/{turn_id or UNKNOWN}/{'' if step is None else step}/{call_id}"
+    return str(uuid.uuid5(_NAMESPACE, key))
+
+
+def make_event(
+    event_type: EventType,
+    data: EventData,
+    *,
+    agent: str,
+    time: float,
+    turn_id: str | None = None,
+    session_id: str | None = None,
+    step: int | None = None,
+    call_id: str = "",
+    id_suffix: str = "",
+) -> Event:
+    """Build an event with its deterministic id."""
+    return Event(
+        id=event_id(event_type, turn_id, step, call_id + id_suffix),
+        type=event_type,
+        time=time,
+        agent=agent,
+        turn_id=turn_id,
+        session_id=session_id,
+        step=step,
+        data=data,
+    )
+
+
+def finish_event_type(reason: FinishReason) -> EventType:
+    return "turn.failed" if reason == "error" else "turn.completed"

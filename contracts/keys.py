@@ -1,0 +1,73 @@
+"""Every Redis key loopwire uses, built in this one module.
+
+The keys of one session share the hash tag ``{<session_id>}`` so that the
+multi-key Lua scripts keep working on Redis Cluster. Keys of one tool call share
+the tag of its idempotency key. Ids are restricted to a safe charset by the
+contracts, so they can never contain a brace.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+PREFIX: Final = "lw"
+
+
+def session_state(session_id: str) -> str:
+    """msgpack ``AgentState`` (the version lives inside it)."""
+    return f"{PREFIX}:{{{session_id}}}:state"
+
+
+def session_history(session_id: str) -> str:
+    """List of msgpack ``ChatMessage``: the session's history, append-only."""
+    return f"{PREFIX}:{{{session_id}}}:history"
+
+
+def turn_transient(session_id: str, turn_id: str) -> str:
+    """List of msgpack ``ChatMessage`` of a ``persist: false`` turn, dropped when it ends."""
+    return f"{PREFIX}:{{{session_id}}}:turn:{turn_id}:messages"
+
+
+def session_lease(session_id: str) -> str:
+    """String: the fencing token of the worker that holds the session, with a TTL."""
+    return f"{PREFIX}:{{{session_id}}}:lease"
+
+
+def session_fence(session_id: str) -> str:
+    """Integer: the last fencing token handed out for the session (monotonic)."""
+    return f"{PREFIX}:{{{session_id}}}:fence"
+
+
+def session_queue(session_id: str) -> str:
+    """List of turn ids waiting for the session, in arrival order."""
+    return f"{PREFIX}:{{{session_id}}}:queue"
+
+
+def session_turns(session_id: str) -> str:
+    """Hash turn id → status: every turn the session has accepted (for duplicate detection)."""
+    return f"{PREFIX}:{{{session_id}}}:turns"
+
+
+def session_requests(session_id: str) -> str:
+    """Hash turn id → msgpack ``TurnRequest`` of turns waiting for the session."""
+    return f"{PREFIX}:{{{session_id}}}:requests"
+
+
+def turn_result(turn_id: str) -> str:
+    """msgpack ``TurnResult`` stored under the turn id (readable later, with a TTL)."""
+    return f"{PREFIX}:turn:{{{turn_id}}}:result"
+
+
+def tool_call(idempotency_key: str) -> str:
+    """Hash with the claim and the stored reply of one tool call (idempotency, with a TTL)."""
+    return f"{PREFIX}:toolcall:{{{idempotency_key}}}"
+
+
+def tool_registry() -> str:
+    """Hash instance id → msgpack ``ToolAnnouncement``: live tool services (heartbeat)."""
+    return f"{PREFIX}:tools:registry"
+
+
+def redaction_map(session_id: str) -> str:
+    """Hash placeholder ↔ value of the session's redaction mapping, with a TTL."""
+    return f"{PREFIX}:{{{session_id}}}:redaction"

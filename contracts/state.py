@@ -1,0 +1,163 @@
+"""Agent state kept in Redis between steps.
+
+``AgentState`` is the session layer; ``ExecutionState`` is the turn in progress
+(``None`` between turns). The session's message history is kept beside the
+state as an append-only list (see ``worker.store``), so that appending one
+message never rewrites the others; ``AgentState.history_len`` counts it.
+
+A step is saved in phases so that a redelivered work message resumes where the
+last worker stopped: ``PendingStep.response`` is the saved model answer (never
+asked for again), ``PendingStep.results`` the saved tool results (never
+dispatched again) and ``PendingStep.dispatched`` the calls sent but not yet
+answered (re-sent with the same idempotency key).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from contracts.base import AgentName, CallId, Contract, JsonObject, SafeId
+from contracts.messages import ChatMessage, Usage
+from contracts.turns import LoopLimits, TurnRequest, TurnResult
+
+ExecutionStatus = Literal["pending", "in_progress", "completed", "stopped", "failed", "cancelled"]
+ToolOutcome = Literal["ok", "error", "blocked", "unknown"]
+StepType = Literal["final_response", "tool_execution", "error"]
+
+
+class ModelResponse(Contract):
+    """What the model answered, as saved before any tool is dispatched."""
+
+    message: ChatMessage
+    finish_reason: str = "stop"
+    usage: Usage = Usage()
+    model: str = ""
+    response_id: str | None = None
+    duration_s: float = 0.0
+
+
+class ToolExecution(Contract):
+    """One tool call of a step and its outcome."""
+
+    call_id: CallId
+    name: str
+    arguments: JsonObject | None = None
+    outcome: ToolOutcome
+    value: Any = None
+    error: str | None = None
+    content: str = Field(description="The text the model receives for this call.")
+    truncated: bool = False
+    started_at: float
+    completed_at: float
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.completed_at - self.started_at)
+
+
+class AgentStep(Contract):
+    """One step: what the model saw and said, and the tools it ran."""
+
+    index: int = Field(ge=0)
+    input_count: int = Field(ge=0, description="Messages the model saw, system prompt included.")
+    output_messages: tuple[ChatMessage, ...] = ()
+    response: ModelResponse | None = None
+    tool_executions: tuple[ToolExecution, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def type(self) -> StepType:
+        if self.errors or self.response is None:
+            return "error"
+        return "tool_execution" if self.tool_executions else "final_response"
+
+
+class StepExecution(Contract):
+    """A completed step with its timing."""
+
+    step: AgentStep
+    started_at: float
+    completed_at: float
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.completed_at - self.started_at)
+
+
+class PendingStep(Contract):
+    """The step in progress, saved between its phases."""
+
+    index: int = Field(ge=0)
+    started_at: float
+    input_count: int = 0
+    response: ModelResponse | None = None
+    results: tuple[ToolExecution, ...] = ()
+    dispatched: tuple[CallId, ...] = ()
+
+    def result_for(self, call_id: str) -> ToolExecution | None:
+        return next((r for r in self.results if r.call_id == call_id), None)
+
+
+class StopSignal(Contract):
+    """A hook asked the loop to stop."""
+
+    source: str = Field(max_length=128)
+    reason: str = Field(default="", max_length=2000)
+
+
+class ExecutionState(Contract):
+    """The turn in progress."""
+
+    turn_id: SafeId
+    request: TurnRequest
+    limits: LoopLimits
+    status: ExecutionStatus = "pending"
+    history_start: int = Field(
+        default=0, ge=0, description="Session history length before the turn."
+    )
+    message_count: int = Field(default=0, ge=0, description="Messages this turn added so far.")
+    steps: tuple[StepExecution, ...] = ()
+    pending: PendingStep | None = None
+    stop_signal: StopSignal | None = None
+    usage: Usage = Usage()
+    empty_streak: int = 0
+    last_content: str | None = None
+    started_at: float
+    updated_at: float
+    result: TurnResult | None = None
+
+
+class SessionContext(Contract):
+    """What the session carries besides its messages."""
+
+    system_prompt: str | None = None
+    metadata: JsonObject = Field(default_factory=dict)
+    response_format: JsonObject | None = None
+    kv: JsonObject = Field(default_factory=dict, description="Key-value state tools may update.")
+
+
+class LLMOverrides(Contract):
+    """Per-session overrides of the agent's model settings."""
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class AgentState(Contract):
+    """The session: its context, counters and the turn in progress. Versioned for compare-and-set."""
+
+    schema_version: Literal[1] = 1
+    session_id: SafeId
+    parent_session_id: SafeId | None = None
+    agent: AgentName
+    context: SessionContext = SessionContext()
+    llm: LLMOverrides = LLMOverrides()
+    history_len: int = Field(default=0, ge=0)
+    execution_count: int = Field(default=0, ge=0)
+    version: int = Field(default=0, ge=0)
+    created_at: float
+    updated_at: float
+    execution: ExecutionState | None = None

@@ -1,0 +1,41 @@
+"""Every RabbitMQ name loopwire uses. These names are the wire protocol: changing one breaks users."""
+
+from __future__ import annotations
+
+from typing import Final
+
+TURNS_QUEUE: Final = "loopwire.turns"
+"""Quorum queue of turn work: start a turn, advance a turn by one step."""
+
+DEAD_LETTER_EXCHANGE: Final = "loopwire.turns.dlx"
+DEAD_LETTER_QUEUE: Final = "loopwire.turns.dead"
+"""Rejected and poison work, bound to the dead-letter exchange, with an ``x-loopwire-reason`` header."""
+
+TOOLS_EXCHANGE: Final = "loopwire.tools"
+"""Direct exchange for tool calls; routing key = tool name."""
+
+EVENTS_EXCHANGE: Final = "loopwire.events"
+"""Topic exchange for lifecycle events; routing key ``<entity>.<action>.<agent>.<turn_id>``."""
+
+TOOL_ANNOUNCE_EXCHANGE: Final = "loopwire.tools.announce"
+"""Fanout exchange on which tool services announce their definitions (heartbeat)."""
+
+TURN_DELIVERY_LIMIT: Final = 20
+"""Deliveries of one work message before the quorum queue dead-letters it."""
+
+
+def tool_queue(tool: str) -> str:
+    """The quorum queue of one tool: ``loopwire.tool.<name>``."""
+    return f"loopwire.tool.{tool}"
+
+
+# Message headers
+H_REASON: Final = "x-loopwire-reason"
+H_REASON_CODE: Final = "x-loopwire-reason-code"
+H_IDEMPOTENCY_KEY: Final = "idempotency-key"
+H_KIND: Final = "x-loopwire-kind"
+H_FENCE: Final = "x-loopwire-fence"
+
+# Message kinds on the turn queue
+KIND_START: Final = "turn.start"
+KIND_STEP: Final = "turn.step"

@@ -1,0 +1,111 @@
+"""Turn requests (what publishers send) and turn results (what they get back)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from contracts.base import AgentName, Contract, JsonObject, SafeId
+from contracts.messages import ChatMessage, Usage
+
+FinishReason = Literal["stop", "max_iterations", "error", "cancelled"]
+
+
+class LoopLimits(Contract):
+    """The loop's limits. Agent profiles set them; a turn request may override them within bounds."""
+
+    max_tool_iterations: int = Field(default=7, ge=1, le=50)
+    max_tool_result_chars: int = Field(default=16_000, ge=256, le=1_000_000)
+    empty_streak_after: int = Field(default=2, ge=0, le=50)
+    empty_streak_hint: str = Field(
+        default=(
+            "Your last :count searches found nothing. Stop searching and answer with what you "
+            "have, saying what you could not find."
+        ),
+        max_length=2000,
+    )
+    result_keys: tuple[str, ...] = Field(
+        default=("items", "results", "matches", "passages", "data"), max_length=32
+    )
+    tool_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+
+
+class LimitOverrides(Contract):
+    """Per-turn overrides of the agent's loop limits; unset fields keep the agent's values."""
+
+    max_tool_iterations: int | None = Field(default=None, ge=1, le=50)
+    max_tool_result_chars: int | None = Field(default=None, ge=256, le=1_000_000)
+    empty_streak_after: int | None = Field(default=None, ge=0, le=50)
+
+    def apply(self, limits: LoopLimits) -> LoopLimits:
+        changes = self.model_dump(exclude_none=True)
+        return limits.model_copy(update=changes) if changes else limits
+
+
+class InputMessage(Contract):
+    """A message the publisher adds to the conversation for this turn."""
+
+    role: Literal["user"] = "user"
+    content: str = Field(max_length=1_000_000)
+
+    def to_chat(self) -> ChatMessage:
+        return ChatMessage(role=self.role, content=self.content)
+
+
+class TurnRequest(Contract):
+    """Start a turn: the publisher names the agent and session and chooses the turn id.
+
+    The turn id makes a publish idempotent: the same request delivered twice runs
+    once and the duplicate is answered with the stored result.
+    """
+
+    schema_version: Literal[1] = 1
+    turn_id: SafeId
+    session_id: SafeId
+    agent: AgentName
+    input: tuple[InputMessage, ...] = Field(min_length=1, max_length=64)
+    limits: LimitOverrides = LimitOverrides()
+    persist: bool = True
+    parent_session_id: SafeId | None = None
+    metadata: JsonObject = Field(default_factory=dict)
+    reply_to: str | None = Field(default=None, max_length=255, pattern=r"^[A-Za-z0-9_.:-]+$")
+    deadline: float | None = Field(
+        default=None, description="Unix time after which the turn is cancelled."
+    )
+
+
+class TurnError(Contract):
+    """Why a turn failed: a stable machine-readable code and a human-readable message."""
+
+    code: str = Field(max_length=64)
+    message: str = Field(max_length=4000)
+
+
+class TurnResult(Contract):
+    """The outcome of a turn; stored under its turn id and published as turn.completed/failed.
+
+    ``finish_reason`` is ``stop`` for an answer, ``max_iterations`` when the
+    iteration cap ended the turn (``content`` is then the last content the model
+    gave, not an answer), ``error`` with ``error`` set, or ``cancelled``.
+    ``stopped_by`` names the hook that stopped the turn, if one did.
+    """
+
+    schema_version: Literal[1] = 1
+    turn_id: SafeId
+    session_id: SafeId
+    agent: AgentName
+    content: str | None
+    finish_reason: FinishReason
+    error: TurnError | None = None
+    stopped_by: str | None = None
+    usage: Usage = Usage()
+    steps: int = Field(ge=0)
+    duration_s: float = Field(ge=0)
+    completed_at: float
+
+    @model_validator(mode="after")
+    def _error_iff_failed(self) -> TurnResult:
+        if (self.finish_reason == "error") != (self.error is not None):
+            raise ValueError("error is set exactly when finish_reason is 'error'")
+        return self

@@ -1,0 +1,56 @@
+# Shared helpers for scripts/*: a virtualenv with the project, and the local services.
+# shellcheck shell=bash
+
+PYTHON="${PYTHON:-python3}"
+
+ensure_venv() {
+    if [[ ! -x .venv/bin/python ]]; then
+        echo "creating .venv with $($PYTHON --version)" >&2
+        "$PYTHON" -m venv .venv
+    fi
+    if ! .venv/bin/python -c "import worker, contracts, tool_services, pytest_asyncio" 2>/dev/null \
+        || [[ pyproject.toml -nt .venv/.installed ]]; then
+        echo "installing loopwire and its dependencies into .venv" >&2
+        .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' >&2
+        touch .venv/.installed
+    fi
+}
+
+port_open() {
+    (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+wait_port() {
+    local host=$1 port=$2 what=$3
+    for _ in $(seq 1 60); do
+        port_open "$host" "$port" && return 0
+        sleep 1
+    done
+    echo "error: $what did not come up on $host:$port" >&2
+    return 1
+}
+
+ensure_services() {
+    if ! port_open 127.0.0.1 6379; then
+        if command -v redis-server >/dev/null; then
+            echo "starting redis-server on 127.0.0.1:6379" >&2
+            redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
+        else
+            echo "error: Redis is not reachable on 127.0.0.1:6379 and redis-server is not installed" >&2
+            echo "       install it (e.g. 'apt-get install redis-server') or set LOOPWIRE_REDIS_URL" >&2
+            return 1
+        fi
+        wait_port 127.0.0.1 6379 Redis
+    fi
+    if ! port_open 127.0.0.1 5672; then
+        if command -v rabbitmq-server >/dev/null; then
+            echo "starting rabbitmq-server on 127.0.0.1:5672" >&2
+            rabbitmq-server -detached >/dev/null 2>&1 || true
+        else
+            echo "error: RabbitMQ is not reachable on 127.0.0.1:5672 and rabbitmq-server is not installed" >&2
+            echo "       install it (e.g. 'apt-get install rabbitmq-server') or set LOOPWIRE_AMQP_URL" >&2
+            return 1
+        fi
+        wait_port 127.0.0.1 5672 RabbitMQ
+    fi
+}

@@ -1,0 +1,41 @@
+"""One exception root, split by who handles the failure.
+
+- ``RetryableError``: the work is requeued and redone (Redis down, lost connection).
+- ``PermanentError``: the work can never succeed; it is dead-lettered with ``code`` and a reason.
+- ``ToolCallError``: a tool call failed; the message goes back to the model as ``{"error": ...}``.
+- ``ModelError``: the model could not answer; the turn fails with ``code``.
+"""
+
+from __future__ import annotations
+
+
+class LoopwireError(Exception):
+    """Root of every error loopwire raises on purpose."""
+
+
+class RetryableError(LoopwireError):
+    """Transient: requeue the work and try again later."""
+
+
+class StaleStateError(RetryableError):
+    """A compare-and-set lost: another worker wrote the state or holds the session lease."""
+
+
+class PermanentError(LoopwireError):
+    """The work can never succeed: dead-letter it with a reason."""
+
+    def __init__(self, message: str, *, code: str = "invalid") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ToolCallError(LoopwireError):
+    """A tool call failed; its message is returned to the model."""
+
+
+class ModelError(LoopwireError):
+    """The model call failed for good (after the client's own retries)."""
+
+    def __init__(self, message: str, *, code: str = "model_error") -> None:
+        super().__init__(message)
+        self.code = code

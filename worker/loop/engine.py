@@ -1,0 +1,391 @@
+"""The turn loop, one step at a time.
+
+``Loop.step(state, profile)`` advances a turn by exactly one step and returns a
+closed union: ``RunAgain`` (publish the next step) or ``Finished`` (the turn's
+result). Between its phases it saves through the ``StateStore`` so that a step
+interrupted anywhere resumes from the last saved point when it is run again:
+
+1. start (first step only): ``before_execution`` hooks, input messages recorded;
+2. model: ``before_step``, compile (system prompt + history + this turn),
+   ``prepare_messages``, call the model, ``after_model``; the assistant message
+   is saved (even when empty) before any tool runs — a saved response is never
+   asked for again;
+3. tools: every call without a saved result runs concurrently; each result is
+   saved as it arrives — a saved result is never dispatched again;
+4. complete: results in call order, empty-streak guard, ``after_step``, then
+   stop when the model called no tool, a hook asked to stop, or the iteration
+   cap was reached.
+
+The same code serves an in-process turn (``run_turn``) and the distributed
+worker, which runs one step per delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contracts.events import (
+    EventData,
+    EventType,
+    StepCompleted,
+    TurnFinished,
+    TurnStarted,
+    finish_event_type,
+    make_event,
+)
+from contracts.messages import ChatMessage, Usage
+from contracts.state import (
+    AgentState,
+    AgentStep,
+    ExecutionState,
+    PendingStep,
+    SessionContext,
+    StepExecution,
+    StopSignal,
+)
+from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
+from worker.errors import ModelError
+from worker.loop.guards import apply_empty_streak
+from worker.loop.hooks import Hook, HookContext
+from worker.loop.interfaces import (
+    EventSink,
+    Model,
+    ModelRequest,
+    StateStore,
+    ToolCaller,
+    ToolCatalog,
+)
+from worker.loop.tools import ToolRunner
+from worker.profiles import AgentProfile
+
+log = logging.getLogger("loopwire.loop")
+
+_STATUS: dict[FinishReason, str] = {
+    "stop": "completed",
+    "max_iterations": "completed",
+    "error": "failed",
+    "cancelled": "cancelled",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RunAgain:
+    """The turn goes on: run the next step."""
+
+    state: AgentState
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The turn is over."""
+
+    state: AgentState
+    result: TurnResult
+
+
+StepOutcome = RunAgain | Finished
+
+
+def new_execution(
+    state: AgentState | None, request: TurnRequest, profile: AgentProfile, now: float
+) -> AgentState:
+    """The session with a fresh turn attached (creating the session when it is new)."""
+    if state is None:
+        state = AgentState(
+            session_id=request.session_id,
+            parent_session_id=request.parent_session_id,
+            agent=request.agent,
+            context=SessionContext(system_prompt=profile.system_prompt),
+            created_at=now,
+            updated_at=now,
+        )
+    execution = ExecutionState(
+        turn_id=request.turn_id,
+        request=request,
+        limits=request.limits.apply(profile.limits),
+        history_start=state.history_len,
+        started_at=now,
+        updated_at=now,
+    )
+    return state.model_copy(update={"execution": execution, "updated_at": now})
+
+
+class Loop:
+    """Runs steps of turns over the injected model, tools, store, events and hooks."""
+
+    def __init__(
+        self,
+        *,
+        model: Model,
+        tools: ToolCaller,
+        catalog: ToolCatalog,
+        store: StateStore,
+        events: EventSink,
+        hooks: Hook | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.model = model
+        self.catalog = catalog
+        self.store = store
+        self.events = events
+        self.hooks = hooks or Hook()
+        self.clock = clock
+        self.tools = ToolRunner(caller=tools, hooks=self.hooks, emit=self._emit, clock=clock)
+
+    async def step(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
+        """Advance the turn attached to ``state`` by one step."""
+        ex = _execution(state)
+        if ex.status == "pending":
+            state = await self._start(state, profile)
+            ex = _execution(state)
+            if ex.stop_signal is not None:
+                return await self._finish(state, profile, "stop", ex.last_content)
+        deadline = ex.request.deadline
+        if deadline is not None and self.clock() > deadline and ex.pending is None:
+            return await self._finish(state, profile, "cancelled", ex.last_content)
+        if ex.pending is None:
+            outcome = await self._call_model(state, profile)
+            if isinstance(outcome, Finished):
+                return outcome
+            state = outcome.state
+        state = await self.tools.run_pending(state, profile, self.catalog, self.store)
+        return await self._complete_step(state, profile)
+
+    async def run_turn(
+        self, state: AgentState | None, request: TurnRequest, profile: AgentProfile
+    ) -> Finished:
+        """Run a whole turn in this process, step after step."""
+        current = await self.store.save(new_execution(state, request, profile, self.clock()))
+        while True:
+            outcome = await self.step(current, profile)
+            if isinstance(outcome, Finished):
+                return outcome
+            current = outcome.state
+
+    # -- phases ---------------------------------------------------------------
+
+    async def _start(self, state: AgentState, profile: AgentProfile) -> AgentState:
+        ex = _execution(state)
+        ctx = HookContext(state=state, profile=profile, step=0)
+        await self.hooks.before_execution(ctx)
+        inputs = [message.to_chat() for message in ex.request.input]
+        now = self.clock()
+        ex = ex.model_copy(
+            update={"status": "in_progress", "stop_signal": ctx.stop_signal, "updated_at": now}
+        )
+        state = await self._save(state.model_copy(update={"execution": ex}), append=inputs)
+        await self._emit(
+            "turn.started",
+            TurnStarted(
+                history_len=ex.history_start, max_tool_iterations=ex.limits.max_tool_iterations
+            ),
+            state,
+        )
+        return state
+
+    async def _call_model(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
+        ex = _execution(state)
+        index = len(ex.steps)
+        ctx = HookContext(state=state, profile=profile, step=index)
+        await self.hooks.before_step(ctx)
+        if ctx.stop_signal is not None:
+            stopped = _with_execution(state, stop_signal=ctx.stop_signal)
+            return await self._finish(stopped, profile, "stop", ex.last_content)
+        started = self.clock()
+        messages = await self._compile(state, profile)
+        messages = await self.hooks.prepare_messages(ctx, messages)
+        offered = [d for d in await self.catalog.available() if profile.allows(d.name)]
+        request = ModelRequest(
+            messages=messages,
+            tools=offered,
+            model=state.llm.model or profile.model,
+            temperature=state.llm.temperature
+            if state.llm.temperature is not None
+            else profile.temperature,
+            max_tokens=state.llm.max_tokens or profile.max_tokens,
+            response_format=state.context.response_format,
+        )
+        try:
+            response = await self.model.complete(request)
+        except ModelError as exc:
+            log.warning("model call failed for turn %s: %s", ex.turn_id, exc)
+            error = TurnError(code=exc.code, message=str(exc)[:4000])
+            return await self._finish(state, profile, "error", ex.last_content, error=error)
+        response = await self.hooks.after_model(ctx, response)
+        content = response.message.content
+        pending = PendingStep(
+            index=index, started_at=started, input_count=len(messages), response=response
+        )
+        state = _with_execution(
+            state,
+            pending=pending,
+            usage=ex.usage + response.usage,
+            last_content=content if content else ex.last_content,
+            stop_signal=ex.stop_signal or ctx.stop_signal,
+        )
+        return RunAgain(await self._save(state, append=[response.message]))
+
+    async def _complete_step(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
+        ex = _execution(state)
+        pending = ex.pending
+        assert pending is not None and pending.response is not None
+        response = pending.response
+        calls = response.message.tool_calls
+        results = [pending.result_for(call.id) for call in calls]
+        executions, streak, _hints = apply_empty_streak(
+            [r for r in results if r is not None], ex.empty_streak, ex.limits
+        )
+        tool_messages = [ChatMessage.tool(e.call_id, e.content) for e in executions]
+        step = AgentStep(
+            index=pending.index,
+            input_count=pending.input_count,
+            output_messages=(response.message, *tool_messages),
+            response=response,
+            tool_executions=tuple(executions),
+        )
+        ctx = HookContext(state=state, profile=profile, step=pending.index)
+        await self.hooks.after_step(ctx, step)
+        now = self.clock()
+        record = StepExecution(step=step, started_at=pending.started_at, completed_at=now)
+        stop = ex.stop_signal or ctx.stop_signal
+        state = _with_execution(
+            state, steps=(*ex.steps, record), pending=None, empty_streak=streak, stop_signal=stop
+        )
+        if not calls:
+            return await self._finish(state, profile, "stop", response.message.content, step=record)
+        if stop is not None:
+            return await self._finish(
+                state, profile, "stop", ex.last_content, append=tool_messages, step=record
+            )
+        if len(ex.steps) + 1 >= ex.limits.max_tool_iterations:
+            return await self._finish(
+                state, profile, "max_iterations", ex.last_content, append=tool_messages, step=record
+            )
+        state = await self._save(state, append=tool_messages)
+        await self._emit_step(state, record)
+        return RunAgain(state)
+
+    async def _finish(
+        self,
+        state: AgentState,
+        profile: AgentProfile,
+        reason: FinishReason,
+        content: str | None,
+        *,
+        error: TurnError | None = None,
+        append: Sequence[ChatMessage] = (),
+        step: StepExecution | None = None,
+    ) -> Finished:
+        ex = _execution(state)
+        now = self.clock()
+        stop: StopSignal | None = ex.stop_signal if reason == "stop" else None
+        result = TurnResult(
+            turn_id=ex.turn_id,
+            session_id=state.session_id,
+            agent=ex.request.agent,
+            content=content,
+            finish_reason=reason,
+            error=error,
+            stopped_by=stop.source if stop else None,
+            usage=ex.usage,
+            steps=len(ex.steps),
+            duration_s=max(0.0, now - ex.started_at),
+            completed_at=now,
+        )
+        await self.hooks.after_execution(
+            HookContext(state=state, profile=profile, step=len(ex.steps)), result
+        )
+        persist = ex.request.persist
+        final = state.model_copy(
+            update={
+                "execution": None,
+                "execution_count": state.execution_count + 1,
+                "history_len": state.history_len + (len(append) if persist else 0),
+                "updated_at": now,
+            }
+        )
+        saved = await self.store.save(final, append=append if persist else (), result=result)
+        if step is not None:
+            await self._emit_step(state, step)
+        await self._emit(finish_event_type(reason), TurnFinished(result=result), state)
+        return Finished(saved, result)
+
+    # -- helpers --------------------------------------------------------------
+
+    async def _compile(self, state: AgentState, profile: AgentProfile) -> list[ChatMessage]:
+        history = await self.store.load_messages(state)
+        prompt = state.context.system_prompt or profile.system_prompt
+        return [ChatMessage.system(prompt), *history] if prompt else list(history)
+
+    async def _save(self, state: AgentState, *, append: Sequence[ChatMessage] = ()) -> AgentState:
+        """Save mid-turn, counting appended messages into the turn and (when persisted) the session."""
+        ex = _execution(state)
+        if append:
+            ex = ex.model_copy(update={"message_count": ex.message_count + len(append)})
+            grow = len(append) if ex.request.persist else 0
+            state = state.model_copy(
+                update={"execution": ex, "history_len": state.history_len + grow}
+            )
+        ex = ex.model_copy(update={"updated_at": self.clock()})
+        return await self.store.save(state.model_copy(update={"execution": ex}), append=append)
+
+    async def _emit_step(self, state: AgentState, record: StepExecution) -> None:
+        step = record.step
+        response = step.response
+        await self._emit(
+            "step.completed",
+            StepCompleted(
+                step_type=step.type,
+                finish_reason=response.finish_reason if response else "error",
+                tool_calls=len(step.tool_executions),
+                usage=response.usage if response else Usage(),
+                duration_s=record.duration_s,
+                model_duration_s=response.duration_s if response else 0.0,
+            ),
+            state,
+            step=step.index,
+        )
+
+    async def _emit(
+        self,
+        event_type: EventType,
+        data: EventData,
+        state: AgentState,
+        *,
+        step: int | None = None,
+        call_id: str = "",
+    ) -> None:
+        ex = state.execution
+        turn_id = (
+            ex.turn_id if ex else (data.result.turn_id if isinstance(data, TurnFinished) else None)
+        )
+        agent = ex.request.agent if ex else state.agent
+        event = make_event(
+            event_type,
+            data,
+            agent=agent,
+            time=self.clock(),
+            turn_id=turn_id,
+            session_id=state.session_id,
+            step=step,
+            call_id=call_id,
+        )
+        try:
+            await self.events.emit(event)
+        except Exception:
+            log.exception("could not publish %s for turn %s", event_type, turn_id)
+
+
+def _execution(state: AgentState) -> ExecutionState:
+    if state.execution is None:
+        raise ValueError(f"session {state.session_id} has no turn in progress")
+    return state.execution
+
+
+def _with_execution(state: AgentState, **changes: Any) -> AgentState:
+    ex = _execution(state).model_copy(update=changes)
+    return state.model_copy(update={"execution": ex})

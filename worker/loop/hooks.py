@@ -1,0 +1,133 @@
+"""Hooks: one protocol with eight points, configured per agent.
+
+Every method has a no-op default; a hook overrides only what it needs. Any
+hook can call ``ctx.stop(reason)``: the loop finishes the step in hand and ends
+the turn with ``stopped_by`` set to the hook's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts.messages import ChatMessage
+from contracts.state import AgentState, AgentStep, ModelResponse, StopSignal, ToolExecution
+from contracts.turns import TurnResult
+from worker.profiles import AgentProfile
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInvocation:
+    """A tool call about to run: its id, tool name and parsed arguments."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Returned by ``before_tool`` to refuse a call; the model gets ``{"error": reason}``."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class HookContext:
+    """What a hook may look at, and its way to stop the turn."""
+
+    state: AgentState
+    profile: AgentProfile
+    step: int
+    stop_signal: StopSignal | None = field(default=None)
+
+    def stop(self, source: str, reason: str = "") -> None:
+        if self.stop_signal is None:
+            self.stop_signal = StopSignal(source=source, reason=reason)
+
+
+class Hook:
+    """Base hook: override any of the eight points."""
+
+    name = "hook"
+
+    async def before_execution(self, ctx: HookContext) -> None:
+        """The turn is about to start (once per turn)."""
+
+    async def after_execution(self, ctx: HookContext, result: TurnResult) -> None:
+        """The turn has finished with ``result`` (once per turn)."""
+
+    async def before_step(self, ctx: HookContext) -> None:
+        """A step is about to call the model."""
+
+    async def after_step(self, ctx: HookContext, step: AgentStep) -> None:
+        """A step has completed."""
+
+    async def prepare_messages(
+        self, ctx: HookContext, messages: list[ChatMessage]
+    ) -> list[ChatMessage]:
+        """Rewrite what the model will see (redaction)."""
+        return messages
+
+    async def after_model(self, ctx: HookContext, response: ModelResponse) -> ModelResponse:
+        """The model answered; rewrite or inspect the answer before it is saved."""
+        return response
+
+    async def before_tool(self, ctx: HookContext, call: ToolInvocation) -> ToolInvocation | Blocked:
+        """A tool is about to run: restore values, rewrite arguments, or block the call."""
+        return call
+
+    async def after_tool(self, ctx: HookContext, execution: ToolExecution) -> ToolExecution:
+        """A tool returned: rewrite its result before the model sees it (redaction)."""
+        return execution
+
+
+class Hooks(Hook):
+    """Several hooks run in order, as one."""
+
+    name = "hooks"
+
+    def __init__(self, hooks: Sequence[Hook] = ()) -> None:
+        self.hooks = tuple(hooks)
+
+    async def before_execution(self, ctx: HookContext) -> None:
+        for hook in self.hooks:
+            await hook.before_execution(ctx)
+
+    async def after_execution(self, ctx: HookContext, result: TurnResult) -> None:
+        for hook in self.hooks:
+            await hook.after_execution(ctx, result)
+
+    async def before_step(self, ctx: HookContext) -> None:
+        for hook in self.hooks:
+            await hook.before_step(ctx)
+
+    async def after_step(self, ctx: HookContext, step: AgentStep) -> None:
+        for hook in self.hooks:
+            await hook.after_step(ctx, step)
+
+    async def prepare_messages(
+        self, ctx: HookContext, messages: list[ChatMessage]
+    ) -> list[ChatMessage]:
+        for hook in self.hooks:
+            messages = await hook.prepare_messages(ctx, messages)
+        return messages
+
+    async def after_model(self, ctx: HookContext, response: ModelResponse) -> ModelResponse:
+        for hook in self.hooks:
+            response = await hook.after_model(ctx, response)
+        return response
+
+    async def before_tool(self, ctx: HookContext, call: ToolInvocation) -> ToolInvocation | Blocked:
+        for hook in self.hooks:
+            decision = await hook.before_tool(ctx, call)
+            if isinstance(decision, Blocked):
+                return decision
+            call = decision
+        return call
+
+    async def after_tool(self, ctx: HookContext, execution: ToolExecution) -> ToolExecution:
+        for hook in self.hooks:
+            execution = await hook.after_tool(ctx, execution)
+        return execution

@@ -1,0 +1,255 @@
+"""The tool phase of a step: run every call that has no saved result, concurrently.
+
+Nothing a tool does escapes as an exception: an unknown tool, arguments that are
+not a JSON object, a blocked call, a timeout, an unreachable tool service or an
+exception in the tool all become an error result the model reads as
+``{"error": "..."}``. Each result is saved the moment it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from contracts.events import EventData, EventType, ToolInvoked, ToolInvoking
+from contracts.messages import ToolCall
+from contracts.state import AgentState, ExecutionState, ToolExecution, ToolOutcome
+from contracts.tools import (
+    ToolCallReply,
+    ToolCallRequest,
+    ToolContext,
+    ToolDefinition,
+    idempotency_key,
+)
+from worker.errors import ToolCallError
+from worker.loop.guards import truncate
+from worker.loop.hooks import Blocked, Hook, HookContext, ToolInvocation
+from worker.loop.interfaces import StateStore, ToolCaller, ToolCatalog
+from worker.profiles import AgentProfile
+
+log = logging.getLogger("loopwire.tools")
+
+
+class Emit(Protocol):
+    def __call__(
+        self,
+        event_type: EventType,
+        data: EventData,
+        state: AgentState,
+        *,
+        step: int | None = None,
+        call_id: str = "",
+    ) -> Awaitable[None]: ...
+
+
+def error_content(message: str) -> str:
+    return json.dumps({"error": message}, ensure_ascii=False)
+
+
+def value_content(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+class ToolRunner:
+    def __init__(
+        self, *, caller: ToolCaller, hooks: Hook, emit: Emit, clock: Callable[[], float]
+    ) -> None:
+        self.caller = caller
+        self.hooks = hooks
+        self.emit = emit
+        self.clock = clock
+
+    async def run_pending(
+        self, state: AgentState, profile: AgentProfile, catalog: ToolCatalog, store: StateStore
+    ) -> AgentState:
+        """Run every call of the pending step that has no saved result; return the saved state."""
+        ex = _execution(state)
+        pending = ex.pending
+        assert pending is not None and pending.response is not None
+        todo = [c for c in pending.response.message.tool_calls if pending.result_for(c.id) is None]
+        if not todo:
+            return state
+        offered = {d.name: d for d in await catalog.available() if profile.allows(d.name)}
+        current = state
+        lock = asyncio.Lock()
+
+        async def run_one(call: ToolCall) -> None:
+            nonlocal current
+            ctx = HookContext(state=current, profile=profile, step=pending.index)
+            execution, updates = await self._execute(ctx, call, offered)
+            async with lock:
+                current = await store.save(_record(current, execution, updates, ctx, self.clock()))
+            await self._emit_invoked(current, pending.index, execution)
+
+        async with asyncio.TaskGroup() as group:
+            for call in todo:
+                group.create_task(run_one(call))
+        return current
+
+    async def _execute(
+        self, ctx: HookContext, call: ToolCall, offered: Mapping[str, ToolDefinition]
+    ) -> tuple[ToolExecution, dict[str, Any]]:
+        started = self.clock()
+        ex = _execution(ctx.state)
+        await self.emit(
+            "tool.invoking",
+            ToolInvoking(tool=call.name, call_id=call.id),
+            ctx.state,
+            step=ctx.step,
+            call_id=call.id,
+        )
+
+        def finish(
+            outcome: ToolOutcome,
+            *,
+            value: Any = None,
+            error: str | None = None,
+            arguments: dict[str, Any] | None = None,
+        ) -> ToolExecution:
+            content = error_content(error) if error is not None else value_content(value)
+            return ToolExecution(
+                call_id=call.id,
+                name=call.name,
+                arguments=arguments,
+                outcome=outcome,
+                value=value,
+                error=error,
+                content=content,
+                started_at=started,
+                completed_at=self.clock(),
+            )
+
+        definition = offered.get(call.name)
+        if definition is None:
+            return await self._after(
+                ctx, finish("error", error=f"unknown tool: {call.name!r}"), ex
+            ), {}
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except ValueError as exc:
+            return await self._after(
+                ctx, finish("error", error=f"arguments are not valid JSON: {exc}"), ex
+            ), {}
+        if not isinstance(arguments, dict):
+            return await self._after(
+                ctx, finish("error", error="arguments must be a JSON object"), ex
+            ), {}
+        decision = await self.hooks.before_tool(ctx, ToolInvocation(call.id, call.name, arguments))
+        if isinstance(decision, Blocked):
+            blocked = finish("blocked", error=f"blocked: {decision.reason}", arguments=arguments)
+            return await self._after(ctx, blocked, ex), {}
+        reply, failure = await self._call(ctx, decision, definition, started)
+        if failure is not None:
+            return await self._after(
+                ctx, finish("error", error=failure, arguments=arguments), ex
+            ), {}
+        assert reply is not None
+        if reply.status == "ok":
+            execution = finish("ok", value=reply.value, arguments=arguments)
+        elif reply.status == "unknown":
+            message = reply.error or "the tool may or may not have run; it was not run again"
+            execution = finish("unknown", error=f"outcome unknown: {message}", arguments=arguments)
+        else:
+            execution = finish("error", error=reply.error or "tool failed", arguments=arguments)
+        return await self._after(ctx, execution, ex), dict(reply.state_updates)
+
+    async def _call(
+        self, ctx: HookContext, call: ToolInvocation, definition: ToolDefinition, started: float
+    ) -> tuple[ToolCallReply | None, str | None]:
+        ex = _execution(ctx.state)
+        timeout = min(definition.timeout_s, ex.limits.tool_timeout_s)
+        request = ToolCallRequest(
+            call_id=call.call_id,
+            tool=call.name,
+            arguments=call.arguments,
+            context=ToolContext(
+                session_id=ctx.state.session_id,
+                turn_id=ex.turn_id,
+                agent=ex.request.agent,
+                metadata=ex.request.metadata,
+                deadline=started + timeout,
+                idempotency_key=idempotency_key(ex.turn_id, call.call_id),
+            ),
+        )
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.caller.call(request, definition), None
+        except TimeoutError:
+            return None, f"tool {call.name!r} timed out after {timeout:g}s"
+        except ToolCallError as exc:
+            return None, str(exc)
+        except Exception as exc:
+            log.warning("tool %s failed for turn %s", call.name, ex.turn_id, exc_info=True)
+            return None, f"tool {call.name!r} failed: {type(exc).__name__}: {exc}"
+
+    async def _after(
+        self, ctx: HookContext, execution: ToolExecution, ex: ExecutionState
+    ) -> ToolExecution:
+        try:
+            execution = await self.hooks.after_tool(ctx, execution)
+        except Exception as exc:
+            log.exception("after_tool hook failed for %s", execution.name)
+            execution = execution.model_copy(
+                update={
+                    "outcome": "error",
+                    "value": None,
+                    "error": f"result withheld: {type(exc).__name__}",
+                    "content": error_content("result withheld: a hook failed"),
+                }
+            )
+        content, cut = truncate(execution.content, ex.limits.max_tool_result_chars)
+        if cut:
+            execution = execution.model_copy(update={"content": content, "truncated": True})
+        return execution
+
+    async def _emit_invoked(self, state: AgentState, step: int, execution: ToolExecution) -> None:
+        await self.emit(
+            "tool.invoked",
+            ToolInvoked(
+                tool=execution.name,
+                call_id=execution.call_id,
+                outcome=execution.outcome,
+                duration_s=execution.duration_s,
+                truncated=execution.truncated,
+                error=execution.error[:500] if execution.error else None,
+            ),
+            state,
+            step=step,
+            call_id=execution.call_id,
+        )
+
+
+def _execution(state: AgentState) -> ExecutionState:
+    if state.execution is None:
+        raise ValueError(f"session {state.session_id} has no turn in progress")
+    return state.execution
+
+
+def _record(
+    state: AgentState,
+    execution: ToolExecution,
+    updates: dict[str, Any],
+    ctx: HookContext,
+    now: float,
+) -> AgentState:
+    ex = _execution(state)
+    pending = ex.pending
+    assert pending is not None
+    pending = pending.model_copy(update={"results": (*pending.results, execution)})
+    ex = ex.model_copy(
+        update={
+            "pending": pending,
+            "stop_signal": ex.stop_signal or ctx.stop_signal,
+            "updated_at": now,
+        }
+    )
+    changes: dict[str, Any] = {"execution": ex}
+    if updates:
+        context = state.context.model_copy(update={"kv": {**state.context.kv, **updates}})
+        changes["context"] = context
+    return state.model_copy(update=changes)

@@ -1,0 +1,469 @@
+"""A scripted, OpenAI-compatible chat-completions server for tests and demos.
+
+`ScriptedModel` serves ``POST /v1/chat/completions`` on a real TCP port so that the
+real ``openai`` client (in this process or in worker processes) can talk to it.
+Tests queue the replies they expect, step by step, with `ScriptedModel.expect`;
+a call that arrives with nothing queued, and an expectation that is never consumed,
+are both reported by `ScriptedModel.assert_done`.  For many concurrent conversations
+arriving in arbitrary order, `ScriptedModel.respond_with` installs a fallback that
+chooses the reply from the request itself.
+
+Run ``python -m worker.scripted_model --port 8099 --echo`` for a standalone server
+that answers every request with ``echo: <last user message>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import inspect
+import itertools
+import json
+import signal
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiohttp import web
+
+__all__ = ["Reply", "Responder", "ScriptedModel", "echo_responder"]
+
+_ReplyKind = Literal["completion", "error", "garbage"]
+_SUMMARY_CHARS = 120
+_SHUTDOWN_TIMEOUT = 1.0
+_CLIENT_MAX_SIZE = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolCall:
+    name: str
+    arguments_json: str
+    call_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Immutable description of one response; build it with the static constructors."""
+
+    kind: _ReplyKind
+    content: str | None = None
+    calls: tuple[_ToolCall, ...] = ()
+    usage: tuple[int, int] | None = None
+    delay: float = 0.0
+    status: int = 200
+    message: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes = b""
+
+    @staticmethod
+    def text(content: str, *, usage: tuple[int, int] | None = None, delay: float = 0.0) -> Reply:
+        """A plain assistant message (finish_reason "stop")."""
+        return Reply(kind="completion", content=content, usage=usage, delay=delay)
+
+    @staticmethod
+    def tool_calls(
+        *calls: tuple[str, Mapping[str, object]] | tuple[str, Mapping[str, object], str],
+        content: str | None = None,
+        delay: float = 0.0,
+    ) -> Reply:
+        """One or more tool calls: each ``(name, arguments[, call_id])``."""
+        if not calls:
+            raise ValueError("Reply.tool_calls needs at least one call")
+        specs = tuple(
+            _ToolCall(
+                name=call[0],
+                arguments_json=json.dumps(dict(call[1])),
+                call_id=call[2] if len(call) == 3 else None,
+            )
+            for call in calls
+        )
+        return Reply(kind="completion", content=content, calls=specs, delay=delay)
+
+    @staticmethod
+    def raw_tool_call(name: str, arguments_json: str, call_id: str | None = None) -> Reply:
+        """A single tool call whose ``arguments`` string is sent verbatim (may be invalid JSON)."""
+        return Reply(kind="completion", calls=(_ToolCall(name, arguments_json, call_id),))
+
+    @staticmethod
+    def error(
+        status: int,
+        message: str = "scripted error",
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
+        """An HTTP error with an OpenAI-style ``{"error": {...}}`` JSON body."""
+        return Reply(
+            kind="error",
+            status=status,
+            message=message,
+            headers=tuple((headers or {}).items()),
+        )
+
+    @staticmethod
+    def garbage(body: bytes = b"{not json", status: int = 200) -> Reply:
+        """A response whose body is not valid JSON (served as application/json)."""
+        return Reply(kind="garbage", status=status, body=body)
+
+    def describe(self) -> str:
+        if self.kind == "error":
+            return f"error({self.status}, {self.message!r})"
+        if self.kind == "garbage":
+            return f"garbage({self.status}, {self.body[:40]!r})"
+        if self.calls:
+            names = ", ".join(call.name for call in self.calls)
+            return f"tool_calls({names})"
+        return f"text({_truncate(self.content or '', 60)!r})"
+
+
+Responder = Callable[[dict[str, Any]], Reply | Awaitable[Reply]]
+
+
+@dataclass(slots=True)
+class _Expectation:
+    reply: Reply
+    check: Callable[[dict[str, Any]], object] | None
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _content_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [part.get("text") for part in content if isinstance(part, dict)]
+        return "".join(part for part in parts if isinstance(part, str))
+    return ""
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    return [message for message in messages if isinstance(message, dict)]
+
+
+def _summarize(body: dict[str, Any]) -> str:
+    messages = _messages(body)
+    if not messages:
+        return "<no messages>"
+    last = messages[-1]
+    role = last.get("role", "?")
+    text = _content_text(last.get("content"))
+    if not text and last.get("tool_calls"):
+        text = "<tool_calls>"
+    return f"{role}: {_truncate(text, _SUMMARY_CHARS)!r}"
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    chars = sum(len(_content_text(message.get("content"))) for message in _messages(body))
+    return max(1, chars // 4)
+
+
+def last_user_content(body: dict[str, Any]) -> str:
+    """The text of the last ``user`` message in a chat-completions request ("" if none)."""
+    for message in reversed(_messages(body)):
+        if message.get("role") == "user":
+            return _content_text(message.get("content"))
+    return ""
+
+
+def echo_responder(body: dict[str, Any]) -> Reply:
+    """Answer every request with ``echo: <last user message content>``."""
+    return Reply.text(f"echo: {last_user_content(body)}")
+
+
+def _error_response(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    error_type = "server_error" if status >= 500 else "invalid_request_error"
+    if status == 429:
+        error_type = "rate_limit_exceeded"
+    payload = {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+    return web.Response(
+        status=status,
+        body=json.dumps(payload).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+class ScriptedModel:
+    """An OpenAI-compatible chat-completions server answering from a script."""
+
+    def __init__(self, *, model: str = "scripted-model") -> None:
+        self.model = model
+        self.requests: list[dict[str, Any]] = []
+        self.failures: list[str] = []
+        self._expectations: deque[_Expectation] = deque()
+        self._responder: Responder | None = None
+        self._completion_ids = itertools.count(1)
+        self._call_ids = itertools.count(1)
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._sleeping: set[asyncio.Task[Any]] = set()
+        self._runner: web.AppRunner | None = None
+        self._base_url: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Start listening; returns the base URL (``http://HOST:PORT/v1``)."""
+        if self._runner is not None:
+            raise RuntimeError("ScriptedModel is already started")
+        app = web.Application(client_max_size=_CLIENT_MAX_SIZE)
+        app.router.add_post("/v1/chat/completions", self._handle_chat)
+        app.router.add_get("/v1/models", self._handle_models)
+        app.router.add_get("/healthz", self._handle_health)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            bound_host, bound_port = runner.addresses[0][:2]
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._base_url = f"http://{bound_host}:{bound_port}/v1"
+        return self._base_url
+
+    async def stop(self) -> None:
+        """Stop the server (idempotent); in-flight delayed replies are cut short."""
+        runner, self._runner = self._runner, None
+        for task in self._sleeping:
+            task.cancel()
+        self._sleeping.clear()
+        if runner is not None:
+            await runner.cleanup()
+        for _, waiter in self._waiters:
+            if not waiter.done():
+                waiter.cancel()
+        self._waiters.clear()
+
+    @property
+    def base_url(self) -> str:
+        if self._base_url is None:
+            raise RuntimeError("ScriptedModel is not started")
+        return self._base_url
+
+    # -- scripting -------------------------------------------------------------------
+
+    def expect(
+        self, reply: Reply, *, check: Callable[[dict[str, Any]], object] | None = None
+    ) -> None:
+        """Queue one expected call (FIFO); ``check(request_json)`` runs when it arrives."""
+        self._expectations.append(_Expectation(reply, check))
+
+    def respond_with(self, responder: Responder | None) -> None:
+        """Install (or with None remove) the fallback used when no expectation is queued."""
+        self._responder = responder
+
+    @property
+    def pending(self) -> int:
+        """Number of expectations not yet consumed."""
+        return len(self._expectations)
+
+    def assert_done(self) -> None:
+        """Raise AssertionError listing every failure and unconsumed expectation."""
+        problems = list(self.failures)
+        problems.extend(
+            f"unconsumed expectation #{index}: {expectation.reply.describe()}"
+            for index, expectation in enumerate(self._expectations, start=1)
+        )
+        if problems:
+            listing = "\n".join(f"  - {problem}" for problem in problems)
+            raise AssertionError(f"scripted model: {len(problems)} problem(s):\n{listing}")
+
+    async def wait_for_requests(self, n: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Wait until at least ``n`` requests have arrived; AssertionError on timeout."""
+        if len(self.requests) >= n:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (n, waiter)
+        self._waiters.append(entry)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            raise AssertionError(
+                f"scripted model: {len(self.requests)} of {n} requests arrived within {timeout}s"
+            ) from None
+        finally:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+
+    # -- HTTP handlers ---------------------------------------------------------------
+
+    async def _handle_health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _handle_models(self, request: web.Request) -> web.Response:
+        payload = {
+            "object": "list",
+            "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "loopwire"}],
+        }
+        return web.Response(body=json.dumps(payload).encode(), content_type="application/json")
+
+    async def _handle_chat(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            self.failures.append(f"request body is not JSON: {exc}")
+            return _error_response(400, "request body is not valid JSON")
+        if not isinstance(body, dict):
+            self.failures.append(f"request body is not a JSON object: {type(body).__name__}")
+            return _error_response(400, "request body must be a JSON object")
+
+        self.requests.append(body)
+        number = len(self.requests)
+        self._wake_waiters(number)
+
+        reply = await self._choose_reply(number, body)
+        if reply is None:
+            return _error_response(500, f"scripted model: unexpected call #{number}")
+        if reply.delay > 0:
+            await self._sleep(reply.delay)
+        return self._render(reply, body)
+
+    async def _sleep(self, delay: float) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            await asyncio.sleep(delay)
+            return
+        self._sleeping.add(task)
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self._sleeping.discard(task)
+
+    def _wake_waiters(self, count: int) -> None:
+        if not self._waiters:
+            return
+        for n, waiter in self._waiters:
+            if count >= n and not waiter.done():
+                waiter.set_result(None)
+
+    async def _choose_reply(self, number: int, body: dict[str, Any]) -> Reply | None:
+        if self._expectations:
+            expectation = self._expectations.popleft()
+            if expectation.check is not None:
+                try:
+                    expectation.check(body)
+                except Exception as exc:
+                    self.failures.append(
+                        f"check failed for call #{number} ({_summarize(body)}): "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+            return expectation.reply
+        responder = self._responder
+        if responder is None:
+            self.failures.append(f"unexpected call #{number}: {_summarize(body)}")
+            return None
+        try:
+            result = responder(body)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            self.failures.append(
+                f"responder failed for call #{number} ({_summarize(body)}): "
+                f"{type(exc).__name__}: {exc}"
+            )
+            return None
+        if not isinstance(result, Reply):
+            self.failures.append(
+                f"responder returned {type(result).__name__} instead of Reply for call #{number}"
+            )
+            return None
+        return result
+
+    def _render(self, reply: Reply, body: dict[str, Any]) -> web.Response:
+        if reply.kind == "error":
+            return _error_response(reply.status, reply.message, dict(reply.headers))
+        if reply.kind == "garbage":
+            return web.Response(
+                status=reply.status, body=reply.body, content_type="application/json"
+            )
+        return web.Response(
+            body=json.dumps(self._completion(reply, body)).encode(),
+            content_type="application/json",
+        )
+
+    def _completion(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.call_id or f"call_{next(self._call_ids)}",
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_json},
+                }
+                for call in reply.calls
+            ]
+        if reply.usage is not None:
+            prompt_tokens, completion_tokens = reply.usage
+        else:
+            prompt_tokens = _prompt_tokens(body)
+            completion_tokens = max(1, len(reply.content or "") // 4 + 10 * len(reply.calls))
+        model = body.get("model")
+        return {
+            "id": f"chatcmpl-{next(self._completion_ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model if isinstance(model, str) and model else self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if reply.calls else "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+
+async def _serve(host: str, port: int, model: str, echo: bool) -> None:
+    server = ScriptedModel(model=model)
+    if echo:
+        server.respond_with(echo_responder)
+    base_url = await server.start(host, port)
+    print(f"scripted model listening on {base_url}", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stopping.set)
+    try:
+        await stopping.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.scripted_model",
+        description="Scripted OpenAI-compatible chat-completions server.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8099)
+    parser.add_argument("--model", default="scripted-model")
+    parser.add_argument(
+        "--echo",
+        action="store_true",
+        help='answer every request with "echo: <last user message content>"',
+    )
+    args = parser.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args.host, args.port, args.model, args.echo))
+
+
+if __name__ == "__main__":
+    main()
