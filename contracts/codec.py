@@ -61,6 +61,7 @@ def decode_obj(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
             max_array_len=limit,
             max_map_len=limit,
             max_ext_len=0,
+            ext_hook=_reject_ext,
         )
     except msgpack.ExtraData:
         raise DecodeError("trailing bytes after the message") from None
@@ -70,7 +71,7 @@ def decode_obj(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
         raise DecodeError(f"invalid UTF-8 in a string: {exc.reason}") from None
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise DecodeError(f"not valid msgpack: {_short(str(exc)) or type(exc).__name__}") from None
-    _check_depth(obj)
+    _check_structure(obj)
     return obj
 
 
@@ -91,20 +92,42 @@ def validate(obj: Any, model: type[M]) -> M:
         raise DecodeError(f"invalid {model.__name__}: {_errors(exc)}", code="schema") from None
 
 
-def _check_depth(obj: Any) -> None:
-    """Reject data nested deeper than ``MAX_DEPTH`` (iteratively: no recursion to exhaust)."""
+def _check_structure(obj: Any) -> None:
+    """Reject data nested deeper than ``MAX_DEPTH``, binary data and non-string map keys.
+
+    Iterative, so there is no recursion to exhaust. msgpack's ``strict_map_key``
+    still admits ``bin`` keys, and ``bin`` values would pass pydantic's lax
+    ``str``/``Any`` fields and then make ``encode`` (JSON mode) fail, so both are
+    rejected here: a decoded message is always JSON-compatible.
+    """
+    if isinstance(obj, bytes):
+        raise _binary()
+    if not isinstance(obj, dict | list):
+        return
     stack: list[tuple[Any, int]] = [(obj, 0)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
         if depth >= MAX_DEPTH:
             raise DecodeError(f"message nests deeper than {MAX_DEPTH} levels")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        children: Any = node
+        if isinstance(node, dict):
+            if not all(isinstance(key, str) for key in node):
+                raise DecodeError("map keys must be strings (msgpack str, not bin)")
+            children = node.values()
+        for child in children:
+            if isinstance(child, bytes):
+                raise _binary()
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    """``max_ext_len=0`` still lets an empty ext through; no ext type is allowed at all."""
+    raise ValueError(f"ext types are not allowed (got ext type {code})")
+
+
+def _binary() -> DecodeError:
+    return DecodeError("binary data (msgpack bin) is not allowed; use a string")
 
 
 def _errors(exc: ValidationError) -> str:

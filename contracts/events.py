@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from contracts.base import Contract, SafeId
+from contracts.base import AgentName, Contract, SafeId
 from contracts.messages import Usage
 from contracts.state import StepType, ToolOutcome
 from contracts.turns import FinishReason, TurnResult
@@ -101,7 +101,9 @@ class Event(Contract):
     type: EventType
     source: str = EVENT_SOURCE
     time: float
-    agent: str
+    agent: AgentName | Literal["_unknown"] = Field(
+        description="The agent, or '_unknown' when it could not be read (it is in the routing key)."
+    )
     turn_id: SafeId | None = None
     session_id: SafeId | None = None
     step: int | None = None

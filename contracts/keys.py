@@ -53,9 +53,9 @@ def session_requests(session_id: str) -> str:
     return f"{PREFIX}:{{{session_id}}}:requests"
 
 
-def turn_result(turn_id: str) -> str:
+def turn_result(session_id: str, turn_id: str) -> str:
     """msgpack ``TurnResult`` stored under the turn id (readable later, with a TTL)."""
-    return f"{PREFIX}:turn:{{{turn_id}}}:result"
+    return f"{PREFIX}:{{{session_id}}}:turn:{turn_id}:result"
 
 
 def tool_call(idempotency_key: str) -> str:
@@ -71,3 +71,16 @@ def tool_registry() -> str:
 def redaction_map(session_id: str) -> str:
     """Hash placeholder ↔ value of the session's redaction mapping, with a TTL."""
     return f"{PREFIX}:{{{session_id}}}:redaction"
+
+
+def tool_call_lease(idempotency_key: str) -> str:
+    """String with a short PX TTL, kept alive by the owner of a running tool call.
+
+    Shares the hash tag of ``tool_call`` so that one Lua script can touch both.
+    """
+    return f"{tool_call(idempotency_key)}:lease"
+
+
+def session_notes(session_id: str) -> str:
+    """List of msgpack notes filed for the session by the ``notes`` tool service."""
+    return f"{PREFIX}:{{{session_id}}}:notes"

@@ -39,3 +39,12 @@ H_FENCE: Final = "x-loopwire-fence"
 # Message kinds on the turn queue
 KIND_START: Final = "turn.start"
 KIND_STEP: Final = "turn.step"
+
+RETRY_QUEUE: Final = "loopwire.turns.retry"
+"""Delay queue: work for a busy session (or a step to retry) waits here, then dead-letters back
+into ``loopwire.turns``. No worker blocks while a session is busy."""
+
+H_ATTEMPT: Final = "x-loopwire-attempt"
+"""How many times a step failed with an unexpected error (retried until ``max_step_attempts``)."""
+
+CONTENT_TYPE: Final = "application/msgpack"

@@ -66,7 +66,7 @@ def build_body(request: ModelRequest, default_model: str) -> dict[str, Any]:
 
 def parse_completion(completion: ChatCompletion, elapsed: float) -> ModelResponse:
     if not completion.choices:
-        raise ModelError("the model returned no choices", code="model_bad_response")
+        raise ValueError("the response has no choices")
     choice = completion.choices[0]
     calls = tuple(
         ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments or "{}")

@@ -278,7 +278,7 @@ class ScriptedModel:
             listing = "\n".join(f"  - {problem}" for problem in problems)
             raise AssertionError(f"scripted model: {len(problems)} problem(s):\n{listing}")
 
-    async def wait_for_requests(self, n: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async def wait_for_requests(self, n: int, timeout: float = 10.0) -> None:
         """Wait until at least ``n`` requests have arrived; AssertionError on timeout."""
         if len(self.requests) >= n:
             return

@@ -1,0 +1,203 @@
+"""A client for publishers: start a turn, follow its events, await its result.
+
+The client binds its own exclusive queue to ``loopwire.events`` for the turn's
+routing keys *before* it publishes the request, so no early event is missed,
+and uses the same queue as the request's ``reply_to``. It chooses the turn id,
+so publishing the same request again (after a lost confirm, say) is idempotent:
+the worker runs it once and answers the duplicate with the stored result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+
+from contracts import topology as t
+from contracts.codec import DecodeError, decode, encode
+from contracts.events import Event
+from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
+
+FINAL_EVENTS = frozenset({"turn.completed", "turn.failed", "turn.rejected"})
+
+
+class TurnRejectedError(RuntimeError):
+    """The worker dead-lettered the request; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class TurnHandle:
+    """A published turn: iterate its events, await its result."""
+
+    def __init__(
+        self, request: TurnRequest, queue: AbstractQueue, channel: AbstractChannel
+    ) -> None:
+        self.request = request
+        self.turn_id = request.turn_id
+        self._queue = queue
+        self._channel = channel
+        self._events: asyncio.Queue[Event | TurnResult] = asyncio.Queue()
+        self._result: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        self._tag: str | None = None
+
+    async def _start(self) -> None:
+        self._tag = await self._queue.consume(self._on_message, no_ack=True)
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        try:
+            if message.type == "turn.result":
+                result = decode(message.body, TurnResult)
+                if not self._result.done():
+                    self._result.set_result(result)
+                await self._events.put(result)
+                return
+            event = decode(message.body, Event)
+        except DecodeError:
+            return
+        await self._events.put(event)
+        data = event.data
+        if event.type in ("turn.completed", "turn.failed") and hasattr(data, "result"):
+            if not self._result.done():
+                self._result.set_result(data.result)
+        elif event.type == "turn.rejected" and not self._result.done():
+            self._result.set_exception(TurnRejectedError(getattr(data, "reason", "rejected")))
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The turn's events in order, ending with turn.completed / turn.failed / turn.rejected."""
+        while True:
+            item = await self._events.get()
+            if isinstance(item, TurnResult):
+                continue  # the direct reply; the final event still follows
+            yield item
+            if item.type in FINAL_EVENTS:
+                return
+
+    async def result(self, timeout: float | None = None) -> TurnResult:
+        return await asyncio.wait_for(asyncio.shield(self._result), timeout)
+
+    async def close(self) -> None:
+        if self._tag is not None:
+            await self._queue.cancel(self._tag)
+            self._tag = None
+        await self._queue.delete(if_unused=False, if_empty=False)
+
+
+class LoopwireClient:
+    """``async with LoopwireClient(url) as client: result = await client.run_turn(...)``."""
+
+    def __init__(self, amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/") -> None:
+        self.amqp_url = amqp_url
+        self._connection: AbstractRobustConnection | None = None
+        self._channel: AbstractChannel | None = None
+
+    async def __aenter__(self) -> LoopwireClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        self._connection = await aio_pika.connect_robust(
+            self.amqp_url, client_properties={"connection_name": "loopwire-client"}
+        )
+        self._channel = await self._connection.channel(publisher_confirms=True)
+        await self._channel.declare_exchange(
+            t.EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        )
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+            self._connection = None
+
+    @property
+    def channel(self) -> AbstractChannel:
+        if self._channel is None:
+            raise RuntimeError("LoopwireClient is not connected")
+        return self._channel
+
+    async def start_turn(
+        self,
+        agent: str,
+        input: str | Sequence[str],
+        *,
+        session_id: str | None = None,
+        turn_id: str | None = None,
+        persist: bool = True,
+        limits: LimitOverrides | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> TurnHandle:
+        texts = [input] if isinstance(input, str) else list(input)
+        turn_id = turn_id or new_id()
+        queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        await queue.bind(t.EVENTS_EXCHANGE, routing_key=f"*.*.*.{turn_id}")
+        request = TurnRequest(
+            turn_id=turn_id,
+            session_id=session_id or new_id(),
+            agent=agent,
+            input=tuple(InputMessage(content=text) for text in texts),
+            persist=persist,
+            limits=limits or LimitOverrides(),
+            metadata=metadata or {},
+            reply_to=queue.name,
+        )
+        handle = TurnHandle(request, queue, self.channel)
+        await handle._start()
+        await self.publish(request)
+        return handle
+
+    async def publish(self, request: TurnRequest) -> None:
+        """Publish a request as is (confirmed by the broker)."""
+        await self.channel.default_exchange.publish(
+            aio_pika.Message(
+                encode(request),
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                message_id=request.turn_id,
+                headers={t.H_KIND: t.KIND_START},
+            ),
+            routing_key=t.TURNS_QUEUE,
+        )
+
+    async def run_turn(
+        self,
+        agent: str,
+        input: str | Sequence[str],
+        *,
+        session_id: str | None = None,
+        timeout: float = 300.0,
+        **options: Any,
+    ) -> TurnResult:
+        handle = await self.start_turn(agent, input, session_id=session_id, **options)
+        try:
+            return await handle.result(timeout)
+        finally:
+            await handle.close()
+
+    async def subscribe(self, pattern: str = "#") -> AsyncIterator[Event]:
+        """Every event whose routing key matches ``pattern`` (e.g. ``tool.invoked.#``), from now on."""
+        queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        await queue.bind(t.EVENTS_EXCHANGE, routing_key=pattern)
+        async with queue.iterator(no_ack=True) as messages:
+            async for message in messages:
+                try:
+                    yield decode(message.body, Event)
+                except DecodeError:
+                    continue

@@ -1,0 +1,22 @@
+"""Work messages on ``loopwire.turns`` besides ``TurnRequest``.
+
+Publishers send ``TurnRequest`` bodies (header ``x-loopwire-kind`` absent or
+``turn.start``). Workers send themselves ``StepWork`` (``x-loopwire-kind:
+turn.step``): "run step ``step`` of turn ``turn_id`` of session ``session_id``".
+A step message for a step that already ran is a harmless duplicate.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from contracts.base import Contract, SafeId
+
+
+class StepWork(Contract):
+    schema_version: Literal[1] = 1
+    session_id: SafeId
+    turn_id: SafeId
+    step: int = Field(ge=0, le=10_000)

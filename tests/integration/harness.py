@@ -1,0 +1,255 @@
+"""Test harness for the distributed worker: real RabbitMQ and Redis, worker subprocesses,
+a counting tool service speaking the raw wire protocol, and an event recorder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import aiohttp
+from aio_pika.abc import AbstractIncomingMessage
+from redis.asyncio import Redis
+
+from contracts import keys
+from contracts import topology as t
+from contracts.codec import decode, encode
+from contracts.events import Event
+from contracts.tools import ToolAnnouncement, ToolCallReply, ToolCallRequest, ToolDefinition
+from worker.topology import declare
+
+AMQP_URL = os.environ.get("LOOPWIRE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+REDIS_URL = os.environ.get("LOOPWIRE_REDIS_URL", "redis://127.0.0.1:6379/0")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def reset_topology() -> None:
+    """Declare the topology and empty the turn queues so no earlier test's work leaks in."""
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        channel = await connection.channel()
+        await declare(channel)
+        for name in (t.TURNS_QUEUE, t.RETRY_QUEUE, t.DEAD_LETTER_QUEUE):
+            queue = await channel.get_queue(name, ensure=False)
+            await queue.purge()
+
+
+class WorkerProcess:
+    """``python -m worker`` in a subprocess, ready when its /readyz answers 200."""
+
+    def __init__(
+        self, *, model_url: str, agents_file: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "LOOPWIRE_AMQP_URL": AMQP_URL,
+            "LOOPWIRE_REDIS_URL": REDIS_URL,
+            "LOOPWIRE_MODEL__BASE_URL": model_url,
+            "LOOPWIRE_MODEL__MAX_RETRIES": "0",
+            "LOOPWIRE_AGENTS_FILE": str(agents_file),
+            "LOOPWIRE_HTTP_PORT": str(self.port),
+            "LOOPWIRE_BUSY_RETRY_S": "0.2",
+            "LOOPWIRE_LEASE_TTL_S": "3",
+            "LOOPWIRE_TOOLS_CACHE_S": "0",
+            **(extra_env or {}),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = Path(tempfile.mkstemp(prefix="loopwire-worker-", suffix=".log")[1])
+
+    async def start(self, timeout: float = 20.0) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "worker"], env=self.env, cwd=ROOT, stderr=log, stdout=log
+            )
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"worker exited: {self.stderr()}")
+                try:
+                    async with session.get(f"http://127.0.0.1:{self.port}/readyz") as response:
+                        if response.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise TimeoutError("worker did not become ready")
+
+    def stderr(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        self.kill()
+
+
+def write_agents(path: Path, tools: list[str], **limits: Any) -> Path:
+    agents = {
+        "agents": [
+            {
+                "name": "support",
+                "system_prompt": "You are a support agent.",
+                "tools": tools,
+                "limits": limits,
+            }
+        ]
+    }
+    path.write_text(json.dumps(agents))
+    return path
+
+
+ToolBody = Callable[[ToolCallRequest], Awaitable[Any]]
+
+
+class CountingToolService:
+    """A tool service in the test process, written against the raw wire protocol.
+
+    It counts executions per idempotency key and answers repeated keys from its store,
+    as the SDK's services do."""
+
+    def __init__(self, name: str, body: ToolBody, *, idempotent: bool = True) -> None:
+        self.name = name
+        self.body = body
+        self.definition = ToolDefinition(
+            name=name,
+            description=f"test tool {name}",
+            parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+            timeout_s=10,
+            idempotent=idempotent,
+        )
+        self.executions: Counter[str] = Counter()
+        self.received: list[ToolCallRequest] = []
+        self.replies: dict[str, ToolCallReply] = {}
+        self.redis = Redis.from_url(REDIS_URL)
+        self.instance = f"test-{uuid.uuid4().hex[:8]}"
+        self.connection: aio_pika.abc.AbstractRobustConnection | None = None
+        self.call_started = asyncio.Event()
+
+    async def start(self) -> None:
+        self.connection = await aio_pika.connect_robust(AMQP_URL)
+        channel = await self.connection.channel()
+        exchange = await channel.declare_exchange(
+            t.TOOLS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
+        )
+        queue = await channel.declare_queue(
+            t.tool_queue(self.name), durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        await queue.bind(exchange, routing_key=self.name)
+        self.channel = channel
+        await queue.consume(self._on_call)
+        await self.announce()
+
+    async def announce(self) -> None:
+        now = time.time()
+        announcement = ToolAnnouncement(
+            service=self.name,
+            instance_id=self.instance,
+            tools=(self.definition,),
+            announced_at=now,
+            expires_at=now + 600,
+        )
+        await self.redis.hset(keys.tool_registry(), self.instance, encode(announcement))
+
+    async def _on_call(self, message: AbstractIncomingMessage) -> None:
+        request = decode(message.body, ToolCallRequest)
+        self.received.append(request)
+        key = request.context.idempotency_key
+        reply = self.replies.get(key)
+        if reply is None:
+            self.executions[key] += 1
+            self.call_started.set()
+            try:
+                value = await self.body(request)
+                reply = ToolCallReply(call_id=request.call_id, status="ok", value=value)
+            except Exception as exc:
+                reply = ToolCallReply(call_id=request.call_id, status="error", error=str(exc))
+            self.replies[key] = reply
+        await self.channel.default_exchange.publish(
+            aio_pika.Message(
+                encode(reply),
+                correlation_id=message.correlation_id,
+                headers={t.H_IDEMPOTENCY_KEY: key},
+                content_type=t.CONTENT_TYPE,
+            ),
+            routing_key=message.reply_to or "",
+        )
+        await message.ack()
+
+    async def stop(self) -> None:
+        await self.redis.hdel(keys.tool_registry(), self.instance)
+        if self.connection is not None:
+            channel = await self.connection.channel()
+            await channel.queue_delete(t.tool_queue(self.name))
+            await self.connection.close()
+        await self.redis.aclose()
+
+
+class EventRecorder:
+    """Every event published on ``loopwire.events`` while it runs."""
+
+    def __init__(self, pattern: str = "#") -> None:
+        self.pattern = pattern
+        self.events: list[Event] = []
+        self.headers: list[dict[str, Any]] = []
+        self.routing_keys: list[str] = []
+
+    async def start(self) -> None:
+        self.connection = await aio_pika.connect(AMQP_URL)
+        channel = await self.connection.channel()
+        exchange = await channel.declare_exchange(
+            t.EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        )
+        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        await queue.bind(exchange, routing_key=self.pattern)
+        await queue.consume(self._on_event, no_ack=True)
+
+    async def _on_event(self, message: AbstractIncomingMessage) -> None:
+        self.events.append(decode(message.body, Event))
+        self.headers.append(dict(message.headers or {}))
+        self.routing_keys.append(message.routing_key or "")
+
+    def for_turn(self, turn_id: str) -> list[Event]:
+        return [e for e in self.events if e.turn_id == turn_id]
+
+    async def wait_for(
+        self, predicate: Callable[[list[Event]], bool], timeout: float = 20.0
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate(self.events):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"events not seen in time; got {[e.type for e in self.events]}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        await self.connection.close()

@@ -1,0 +1,267 @@
+"""The distributed worker end to end: real RabbitMQ and Redis, worker subprocesses,
+the scripted model over HTTP, a counting tool service."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from contracts import topology as t
+from contracts.client import LoopwireClient, new_id
+from contracts.codec import encode_obj
+from contracts.tools import ToolCallRequest
+from contracts.turns import InputMessage, TurnRequest
+from harness import (
+    AMQP_URL,
+    CountingToolService,
+    EventRecorder,
+    WorkerProcess,
+    reset_topology,
+    write_agents,
+)
+from worker.scripted_model import Reply, ScriptedModel
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def topology() -> None:
+    await reset_topology()
+
+
+@pytest.fixture
+async def lookup() -> AsyncIterator[CountingToolService]:
+    async def body(request: ToolCallRequest) -> object:
+        q = str(request.arguments.get("q", ""))
+        return {"results": [f"found {q}"]} if q != "nothing" else {"results": []}
+
+    service = CountingToolService(f"lookup_{uuid.uuid4().hex[:8]}", body)
+    await service.start()
+    yield service
+    await service.stop()
+
+
+@pytest.fixture
+async def events() -> AsyncIterator[EventRecorder]:
+    recorder = EventRecorder()
+    await recorder.start()
+    yield recorder
+    await recorder.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[LoopwireClient]:
+    async with LoopwireClient(AMQP_URL) as c:
+        yield c
+
+
+def start_worker(
+    tmp_path: Path, model: ScriptedModel, tools: list[str], name: str = "w"
+) -> WorkerProcess:
+    agents = write_agents(tmp_path / f"agents-{name}.json", tools)
+    return WorkerProcess(model_url=model.base_url, agents_file=agents)
+
+
+async def test_turn_with_tool_steps_end_to_end(
+    topology: None,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    events: EventRecorder,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refunds"})))
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "invoices"})))
+    scripted_model.expect(Reply.text("Refunds take 5 days."))
+    worker = start_worker(tmp_path, scripted_model, [lookup.name])
+    await worker.start()
+    try:
+        result = await client.run_turn("support", "How long do refunds take?", timeout=30)
+    finally:
+        worker.close()
+    assert result.finish_reason == "stop"
+    assert result.content == "Refunds take 5 days."
+    assert result.steps == 3
+    assert sum(lookup.executions.values()) == 2
+    await events.wait_for(lambda evs: any(e.type == "turn.completed" for e in evs))
+    types = [e.type for e in events.for_turn(result.turn_id)]
+    assert types == [
+        "turn.accepted",
+        "turn.started",
+        "tool.invoking",
+        "tool.invoked",
+        "step.completed",
+        "tool.invoking",
+        "tool.invoked",
+        "step.completed",
+        "step.completed",
+        "turn.completed",
+    ]
+    invoked = [e for e in events.for_turn(result.turn_id) if e.type == "tool.invoked"]
+    assert all(e.data.outcome == "ok" and e.data.duration_s >= 0 for e in invoked)  # type: ignore[union-attr]
+    # the second model call saw the first tool's result with its call id
+    second = scripted_model.requests[1]["messages"]
+    tool_messages = [m for m in second if m["role"] == "tool"]
+    assert tool_messages and "found refunds" in tool_messages[0]["content"]
+
+
+async def test_duplicate_turn_request_runs_once(
+    topology: None,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.text("only once"))
+    worker = start_worker(tmp_path, scripted_model, [lookup.name])
+    await worker.start()
+    try:
+        handle = await client.start_turn("support", "hello")
+        first = await handle.result(30)
+        await client.publish(handle.request)  # the same request, same turn id, same reply_to
+        again = await asyncio.wait_for(_next_result(handle), 15)
+        await handle.close()
+    finally:
+        worker.close()
+    assert first.content == again.content == "only once"
+    assert again.turn_id == first.turn_id
+    assert len(scripted_model.requests) == 1
+
+
+async def _next_result(handle: object) -> object:
+    from contracts.turns import TurnResult
+
+    queue = handle._events  # type: ignore[attr-defined]
+    while True:
+        item = await queue.get()
+        if isinstance(item, TurnResult):
+            return item
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"\xc1garbage", "malformed"),
+        (encode_obj({"turn_id": "t1"}), "schema"),
+        (
+            encode_obj(
+                {
+                    "schema_version": 1,
+                    "turn_id": "a.b*c",
+                    "session_id": "s",
+                    "agent": "support",
+                    "input": [{"role": "user", "content": "x"}],
+                }
+            ),
+            "schema",
+        ),
+        (b"\x91" * 50 + b"\x01", "malformed"),
+    ],
+)
+async def test_bad_input_is_dead_lettered_with_a_reason(
+    topology: None,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+    body: bytes,
+    code: str,
+) -> None:
+    scripted_model.expect(Reply.text("still serving"))
+    worker = start_worker(tmp_path, scripted_model, [lookup.name])
+    await worker.start()
+    try:
+        await client.channel.default_exchange.publish(
+            aio_pika.Message(body, headers={t.H_KIND: t.KIND_START}), routing_key=t.TURNS_QUEUE
+        )
+        dead = await client.channel.get_queue(t.DEAD_LETTER_QUEUE, ensure=False)
+        message = None
+        for _ in range(100):
+            message = await dead.get(no_ack=True, fail=False)
+            if message is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert message is not None, "nothing was dead-lettered"
+        assert message.body == body
+        headers = message.headers or {}
+        assert headers[t.H_REASON_CODE] == code
+        assert str(headers[t.H_REASON])
+        result = await client.run_turn("support", "are you alive?", timeout=20)
+        assert result.content == "still serving"
+    finally:
+        worker.close()
+
+
+async def test_unknown_agent_is_rejected_with_event(
+    topology: None,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    events: EventRecorder,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    worker = start_worker(tmp_path, scripted_model, [lookup.name])
+    await worker.start()
+    try:
+        turn_id = new_id()
+        await client.publish(
+            TurnRequest(
+                turn_id=turn_id,
+                session_id="s1",
+                agent="nobody",
+                input=(InputMessage(content="hi"),),
+            )
+        )
+        await events.wait_for(
+            lambda evs: any(e.type == "turn.rejected" and e.turn_id == turn_id for e in evs)
+        )
+    finally:
+        worker.close()
+    rejected = next(e for e in events.events if e.turn_id == turn_id)
+    assert rejected.data.code == "unknown_agent"  # type: ignore[union-attr]
+    assert "nobody" in rejected.data.reason  # type: ignore[union-attr]
+
+
+async def test_worker_killed_during_tool_call_resumes_on_another(
+    topology: None,
+    scripted_model: ScriptedModel,
+    events: EventRecorder,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    release = asyncio.Event()
+
+    async def slow(request: ToolCallRequest) -> object:
+        await release.wait()
+        return {"results": ["slow answer"]}
+
+    service = CountingToolService(f"slow_{uuid.uuid4().hex[:8]}", slow)
+    await service.start()
+    scripted_model.expect(Reply.tool_calls((service.name, {"q": "x"})))
+    scripted_model.expect(Reply.text("done after crash"))
+    first = start_worker(tmp_path, scripted_model, [service.name], "a")
+    second = start_worker(tmp_path, scripted_model, [service.name], "b")
+    await first.start()
+    try:
+        handle = await client.start_turn("support", "go")
+        await asyncio.wait_for(service.call_started.wait(), 20)
+        first.kill()  # the model's answer was saved; the tool call is in flight
+        await second.start()
+        await asyncio.sleep(0.5)
+        release.set()
+        result = await handle.result(30)
+        await handle.close()
+    finally:
+        first.close()
+        second.close()
+        await service.stop()
+    assert result.content == "done after crash"
+    assert (
+        sum(service.executions.values()) == 1
+    )  # re-sent with the same key, answered from the store
+    assert len(scripted_model.requests) == 2  # the saved model answer was not asked for again

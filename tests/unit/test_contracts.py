@@ -1,0 +1,420 @@
+"""Contract rules that publishers and subscribers rely on."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+import contracts
+from contracts import keys, topology
+from contracts.base import Contract
+from contracts.events import (
+    EVENT_SOURCE,
+    EVENT_TYPES,
+    UNKNOWN,
+    Event,
+    EventData,
+    StepCompleted,
+    ToolInvoked,
+    ToolInvoking,
+    TurnAccepted,
+    TurnFinished,
+    TurnRejected,
+    TurnStarted,
+    event_id,
+    finish_event_type,
+    make_event,
+)
+from contracts.messages import ChatMessage, Usage
+from contracts.state import AgentState
+from contracts.tools import ToolCallReply, ToolDefinition, idempotency_key
+from contracts.turns import LimitOverrides, LoopLimits, TurnError, TurnRequest, TurnResult
+
+RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
+
+
+def all_contract_classes() -> list[type[Contract]]:
+    """Every Contract subclass defined in the contracts package."""
+    for module in pkgutil.iter_modules(contracts.__path__):
+        importlib.import_module(f"contracts.{module.name}")
+    found: list[type[Contract]] = []
+    pending: list[type[Contract]] = [Contract]
+    while pending:
+        cls = pending.pop()
+        for sub in cls.__subclasses__():
+            if sub.__module__.startswith("contracts.") and sub not in found:
+                found.append(sub)
+                pending.append(sub)
+    return sorted(found, key=lambda cls: cls.__name__)
+
+
+def result(**changes: Any) -> TurnResult:
+    data: dict[str, Any] = {
+        "turn_id": "T1",
+        "session_id": "S1",
+        "agent": "support",
+        "content": "done",
+        "finish_reason": "stop",
+        "steps": 1,
+        "duration_s": 0.5,
+        "completed_at": 1_700_000_000.0,
+    }
+    data.update(changes)
+    return TurnResult.model_validate(data)
+
+
+def request(**changes: Any) -> TurnRequest:
+    data: dict[str, Any] = {
+        "turn_id": "T1",
+        "session_id": "S1",
+        "agent": "support",
+        "input": [{"content": "hi"}],
+    }
+    data.update(changes)
+    return TurnRequest.model_validate(data)
+
+
+EVENT_DATA: dict[str, EventData] = {
+    "turn.accepted": TurnAccepted(persist=True, input_messages=1),
+    "turn.started": TurnStarted(history_len=0, max_tool_iterations=7),
+    "step.completed": StepCompleted(
+        step_type="final_response",
+        finish_reason="stop",
+        tool_calls=0,
+        usage=Usage(),
+        duration_s=0.1,
+        model_duration_s=0.1,
+    ),
+    "tool.invoking": ToolInvoking(tool="search", call_id="c1"),
+    "tool.invoked": ToolInvoked(tool="search", call_id="c1", outcome="ok", duration_s=0.1),
+    "turn.completed": TurnFinished(result=result()),
+    "turn.failed": TurnFinished(
+        result=result(finish_reason="error", error=TurnError(code="x", message="boom"))
+    ),
+    "turn.rejected": TurnRejected(reason="bad", code="malformed"),
+}
+
+
+def event(event_type: Any = "tool.invoked", **kwargs: Any) -> Event:
+    options: dict[str, Any] = {"agent": "support", "time": 1_700_000_000.0, "turn_id": "T1"}
+    options.update(kwargs)
+    return make_event(event_type, EVENT_DATA[event_type], **options)
+
+
+# --------------------------------------------------------------------------- frozen, no extras
+
+
+SAMPLES: dict[str, BaseModel] = {
+    "TurnRequest": request(),
+    "TurnResult": result(),
+    "LimitOverrides": LimitOverrides(max_tool_iterations=3),
+    "LoopLimits": LoopLimits(),
+    "Event": event(),
+    "ToolDefinition": ToolDefinition(name="search"),
+    "ToolCallReply": ToolCallReply(call_id="c1", status="ok"),
+    "ChatMessage": ChatMessage.user("hi"),
+    "AgentState": AgentState(session_id="S1", agent="support", created_at=1.0, updated_at=1.0),
+}
+
+
+@pytest.mark.parametrize("model", SAMPLES.values(), ids=SAMPLES.keys())
+def test_models_are_frozen(model: BaseModel) -> None:
+    field = next(iter(type(model).model_fields))
+    before = getattr(model, field)
+    with pytest.raises(ValidationError, match="frozen"):
+        setattr(model, field, before)
+    assert getattr(model, field) == before
+
+
+@pytest.mark.parametrize("model", SAMPLES.values(), ids=SAMPLES.keys())
+def test_models_forbid_extra_fields(model: BaseModel) -> None:
+    data = {**model.model_dump(), "unexpected": 1}
+    with pytest.raises(ValidationError) as info:
+        type(model).model_validate(data)
+    assert [err["type"] for err in info.value.errors()] == ["extra_forbidden"]
+
+
+def test_every_contract_is_frozen_and_forbids_extra_fields() -> None:
+    classes = all_contract_classes()
+    assert len(classes) > 20, "the contracts package should define many contracts"
+    for cls in classes:
+        assert cls.model_config.get("frozen") is True, f"{cls.__name__} is not frozen"
+        assert cls.model_config.get("extra") == "forbid", f"{cls.__name__} accepts extra fields"
+
+
+def test_frozen_nested_containers_are_tuples() -> None:
+    """Sequences on frozen models are tuples, so they cannot be mutated in place either."""
+    req = request(input=[{"content": "a"}, {"content": "b"}])
+    assert isinstance(req.input, tuple)
+
+
+# --------------------------------------------------------------------------- TurnResult
+
+
+def test_turn_result_error_requires_error() -> None:
+    with pytest.raises(ValidationError, match="error is set exactly when"):
+        result(finish_reason="error")
+
+
+@pytest.mark.parametrize("reason", ["stop", "max_iterations", "cancelled"])
+def test_turn_result_error_only_when_failed(reason: str) -> None:
+    assert result(finish_reason=reason).error is None
+    with pytest.raises(ValidationError, match="error is set exactly when"):
+        result(finish_reason=reason, error={"code": "x", "message": "y"})
+
+
+def test_turn_result_error_with_error() -> None:
+    failed = result(finish_reason="error", content=None, error={"code": "x", "message": "y"})
+    assert failed.error == TurnError(code="x", message="y")
+
+
+def test_finish_event_type() -> None:
+    assert finish_event_type("error") == "turn.failed"
+    for reason in ("stop", "max_iterations", "cancelled"):
+        assert finish_event_type(reason) == "turn.completed"
+
+
+# --------------------------------------------------------------------------- limits
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tool_iterations", 0),
+        ("max_tool_iterations", 51),
+        ("max_tool_iterations", -1),
+        ("max_tool_result_chars", 255),
+        ("max_tool_result_chars", 1_000_001),
+        ("empty_streak_after", -1),
+        ("empty_streak_after", 51),
+    ],
+)
+def test_limit_overrides_out_of_bounds(field: str, value: int) -> None:
+    with pytest.raises(ValidationError, match=field):
+        LimitOverrides.model_validate({field: value})
+    with pytest.raises(ValidationError, match=field):
+        request(limits={field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tool_iterations", 1),
+        ("max_tool_iterations", 50),
+        ("max_tool_result_chars", 256),
+        ("max_tool_result_chars", 1_000_000),
+        ("empty_streak_after", 0),
+        ("empty_streak_after", 50),
+    ],
+)
+def test_limit_overrides_within_bounds(field: str, value: int) -> None:
+    assert getattr(LimitOverrides.model_validate({field: value}), field) == value
+
+
+def test_limit_overrides_apply_changes_only_set_fields() -> None:
+    limits = LoopLimits(max_tool_iterations=7, max_tool_result_chars=16_000, empty_streak_after=2)
+    applied = LimitOverrides(max_tool_iterations=3).apply(limits)
+    assert isinstance(applied, LoopLimits)
+    assert applied.max_tool_iterations == 3
+    assert applied.max_tool_result_chars == 16_000
+    assert applied.empty_streak_after == 2
+    assert applied.tool_timeout_s == limits.tool_timeout_s
+    assert limits.max_tool_iterations == 7, "the agent's limits are not changed"
+
+
+def test_limit_overrides_apply_all_fields() -> None:
+    overrides = LimitOverrides(
+        max_tool_iterations=50, max_tool_result_chars=256, empty_streak_after=0
+    )
+    applied = overrides.apply(LoopLimits())
+    assert (applied.max_tool_iterations, applied.max_tool_result_chars) == (50, 256)
+    assert applied.empty_streak_after == 0, "0 is a value, not 'unset'"
+
+
+def test_empty_limit_overrides_keep_the_limits() -> None:
+    limits = LoopLimits(max_tool_iterations=9)
+    assert LimitOverrides().apply(limits) is limits
+    assert request().limits == LimitOverrides()
+
+
+# --------------------------------------------------------------------------- events
+
+
+def test_routing_key_example() -> None:
+    assert event("tool.invoked", agent="support", turn_id="T1").routing_key == (
+        "tool.invoked.support.T1"
+    )
+
+
+@pytest.mark.parametrize("event_type", EVENT_TYPES)
+def test_routing_key_shape(event_type: Any) -> None:
+    ev = event(event_type, agent="billing-bot", turn_id="turn_42")
+    parts = ev.routing_key.split(".")
+    assert len(parts) == 4
+    assert f"{parts[0]}.{parts[1]}" == event_type
+    assert parts[2:] == ["billing-bot", "turn_42"]
+
+
+def test_routing_key_without_turn() -> None:
+    ev = event("turn.rejected", agent=UNKNOWN, turn_id=None)
+    assert ev.routing_key == f"turn.rejected.{UNKNOWN}.{UNKNOWN}"
+
+
+@pytest.mark.parametrize("agent", ["a.b", "a*", "a#", "{a}", "a b", "a\n", "", "_x", "x" * 129])
+def test_event_agent_cannot_break_the_routing_key(agent: str) -> None:
+    with pytest.raises(ValidationError, match="agent"):
+        event(agent=agent)
+
+
+@pytest.mark.parametrize("event_type", EVENT_TYPES)
+def test_cloudevents_headers(event_type: Any) -> None:
+    ev = event(event_type, time=1_700_000_000.25, turn_id="T1")
+    headers = ev.headers()
+    assert headers["ce-specversion"] == "1.0"
+    assert headers["ce-id"] == ev.id
+    assert headers["ce-type"] == event_type
+    assert headers["ce-source"] == EVENT_SOURCE == "/loopwire/worker"
+    assert headers["ce-subject"] == "T1"
+    assert all(isinstance(value, str) for value in headers.values())
+
+
+@pytest.mark.parametrize(
+    "time", [0.0, 1.0, 1_700_000_000.0, 1_700_000_000.25, 1_700_000_000.999999]
+)
+def test_ce_time_is_rfc3339_utc(time: float) -> None:
+    ce_time = event(time=time).headers()["ce-time"]
+    assert RFC3339_UTC.match(ce_time), ce_time
+    assert ce_time.endswith("Z")
+    parsed = datetime.fromisoformat(ce_time.replace("Z", "+00:00"))
+    assert parsed.tzinfo is not None
+    assert parsed.utcoffset() == timedelta(0)
+    assert abs(parsed.timestamp() - time) < 1e-5
+
+
+def test_ce_time_example() -> None:
+    assert event(time=0.0).headers()["ce-time"] == "1970-01-01T00:00:00Z"
+    assert event(time=1_700_000_000.5).headers()["ce-time"] == "2023-11-14T22:13:20.500000Z"
+
+
+def test_no_subject_without_turn() -> None:
+    assert "ce-subject" not in event("turn.rejected", agent=UNKNOWN, turn_id=None).headers()
+
+
+def test_event_id_is_deterministic() -> None:
+    first = event_id("tool.invoked", "T1", 2, "call_1")
+    assert first == event_id("tool.invoked", "T1", 2, "call_1")
+    assert uuid.UUID(first).version == 5
+    same = event("tool.invoked", turn_id="T1", step=2, call_id="call_1", time=1.0)
+    again = event("tool.invoked", turn_id="T1", step=2, call_id="call_1", time=99.0)
+    assert same.id == again.id == first, "re-publishing the same occurrence keeps the id"
+
+
+def test_event_id_differs_per_occurrence() -> None:
+    ids = {
+        event_id("tool.invoked", "T1", 2, "call_1"),
+        event_id("tool.invoked", "T1", 3, "call_1"),  # other step
+        event_id("tool.invoked", "T1", 2, "call_2"),  # other call
+        event_id("tool.invoking", "T1", 2, "call_1"),  # other type
+        event_id("tool.invoked", "T2", 2, "call_1"),  # other turn
+        event_id("tool.invoked", "T1", None, "call_1"),  # no step
+        event_id("tool.invoked", "T1", 0, "call_1"),  # step 0 is not "no step"
+        event_id("tool.invoked", None, 2, "call_1"),  # no turn
+    }
+    assert len(ids) == 8
+
+
+def test_make_event_id_suffix_changes_the_id() -> None:
+    plain = event("tool.invoking", step=1, call_id="c1")
+    retry = event("tool.invoking", step=1, call_id="c1", id_suffix=":2")
+    assert plain.id != retry.id
+
+
+# --------------------------------------------------------------------------- Redis keys
+
+
+def hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes: between the first ``{`` and the next ``}``."""
+    start = key.find("{")
+    if start < 0:
+        return key
+    end = key.find("}", start + 1)
+    if end <= start + 1:
+        return key
+    return key[start + 1 : end]
+
+
+def session_key_builders() -> dict[str, Any]:
+    """Every key builder of ``contracts.keys`` whose first argument is the session id."""
+    builders = {}
+    for name, func in inspect.getmembers(keys, inspect.isfunction):
+        params = list(inspect.signature(func).parameters)
+        if params and params[0] == "session_id":
+            builders[name] = func
+    return builders
+
+
+def test_session_key_builders_are_found() -> None:
+    builders = session_key_builders()
+    session_named = {name for name, _ in inspect.getmembers(keys, inspect.isfunction)}
+    session_named = {name for name in session_named if name.startswith("session_")}
+    assert session_named, "contracts.keys should have session_* keys"
+    assert session_named <= set(builders)
+
+
+@pytest.mark.parametrize("session_id", ["S1", "sess-42_x", "x" * 128])
+def test_every_session_key_has_the_session_hash_tag(session_id: str) -> None:
+    made = []
+    for name, builder in session_key_builders().items():
+        extra = ["T1"] * (len(inspect.signature(builder).parameters) - 1)
+        key = builder(session_id, *extra)
+        assert f"{{{session_id}}}" in key, f"{name} lacks the hash tag: {key}"
+        assert hash_tag(key) == session_id, f"{name} hashes on {hash_tag(key)!r}: {key}"
+        assert key.startswith(f"{keys.PREFIX}:")
+        made.append(key)
+    assert len(made) == len(set(made)), "two session keys collide"
+
+
+def test_tool_call_key_is_tagged_by_its_idempotency_key() -> None:
+    key = idempotency_key("T1", "call_1")
+    assert key == "T1:call_1"
+    assert hash_tag(keys.tool_call(key)) == key
+
+
+# --------------------------------------------------------------------------- topology
+
+
+def test_topology_names() -> None:
+    assert topology.TURNS_QUEUE == "loopwire.turns"
+    assert topology.DEAD_LETTER_QUEUE == "loopwire.turns.dead"
+    assert topology.TOOLS_EXCHANGE == "loopwire.tools"
+    assert topology.tool_queue("search") == "loopwire.tool.search"
+    assert topology.tool_queue("lookup_order-v2") == "loopwire.tool.lookup_order-v2"
+    assert topology.EVENTS_EXCHANGE == "loopwire.events"
+
+
+def test_tool_names_are_safe_in_queue_names() -> None:
+    for bad in ("a.b", "a*", "a#", "a b", "", "x" * 65):
+        with pytest.raises(ValidationError, match="name"):
+            ToolDefinition(name=bad)
+    assert ToolDefinition(name="x" * 64).name == "x" * 64
+
+
+def test_all_names_are_distinct() -> None:
+    names = [
+        topology.TURNS_QUEUE,
+        topology.DEAD_LETTER_EXCHANGE,
+        topology.DEAD_LETTER_QUEUE,
+        topology.TOOLS_EXCHANGE,
+        topology.EVENTS_EXCHANGE,
+        topology.TOOL_ANNOUNCE_EXCHANGE,
+    ]
+    assert len(names) == len(set(names))
+    assert all(name.startswith("loopwire.") for name in names)

@@ -1,0 +1,7 @@
+"""``python -m worker``: run a worker process."""
+
+import sys
+
+from worker.app import main
+
+sys.exit(main())

@@ -1,0 +1,198 @@
+"""The worker process: wires transports into the loop, consumes turn work, shuts down gracefully.
+
+On SIGTERM or SIGINT it stops consuming, gives the steps in hand ``grace_s`` to
+finish, then cancels what is left: those messages were never acked, so the
+broker redelivers them and another worker redoes the step from the last save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+
+import aio_pika
+import httpx2
+from aio_pika.abc import AbstractIncomingMessage
+from openai import AsyncOpenAI
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+
+from contracts import topology as t
+from worker.catalog import RegistryCatalog
+from worker.consumer import Consumer
+from worker.events import AmqpEventSink
+from worker.http import HealthServer
+from worker.loop import Hook, Hooks, Loop
+from worker.model import OpenAIModel
+from worker.profiles import AgentProfile, AgentProfiles
+from worker.rpc import ToolRPC
+from worker.settings import Settings
+from worker.store import RedisStore, SessionHandle
+from worker.topology import declare
+from worker.turns import TurnWork
+
+log = logging.getLogger("loopwire.worker")
+
+DEFAULT_PROFILES = AgentProfiles(agents=(AgentProfile(name="default"),))
+
+
+def load_profiles(settings: Settings) -> AgentProfiles:
+    if settings.agents_file is None:
+        return DEFAULT_PROFILES
+    return AgentProfiles.load(settings.agents_file)
+
+
+def hooks_for(profile: AgentProfile) -> Hook:
+    """Built-in hook sets an agent profile can turn on by name."""
+    enabled: list[Hook] = []
+    for name in profile.hooks:
+        raise ValueError(f"agent {profile.name}: unknown hook set {name!r}")
+    return Hooks(enabled)
+
+
+def openai_client(settings: Settings) -> AsyncOpenAI:
+    m = settings.model
+    return AsyncOpenAI(
+        base_url=m.base_url,
+        api_key=m.api_key.get_secret_value(),
+        max_retries=m.max_retries,
+        timeout=httpx2.Timeout(m.timeout_s, connect=m.connect_timeout_s),
+        http_client=httpx2.AsyncClient(
+            limits=httpx2.Limits(
+                max_connections=m.max_connections, max_keepalive_connections=m.max_connections
+            ),
+            timeout=httpx2.Timeout(m.timeout_s, connect=m.connect_timeout_s),
+        ),
+    )
+
+
+class Worker:
+    def __init__(self, settings: Settings, *, registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.registry = registry or CollectorRegistry()
+        self.profiles = load_profiles(settings)
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.consuming = False
+        self.stopping = asyncio.Event()
+
+    async def run(self, *, on_ready: Callable[[], None] | None = None) -> None:
+        s = self.settings
+        for profile in self.profiles.agents:
+            hooks_for(profile)
+        redis = Redis.from_url(s.redis_url, max_connections=s.redis_max_connections)
+        connection = await aio_pika.connect_robust(
+            s.amqp_url, client_properties={"connection_name": "loopwire-worker"}
+        )
+        client = openai_client(s)
+        health: HealthServer | None = None
+        try:
+            consume_channel = await connection.channel(publisher_confirms=False)
+            await consume_channel.set_qos(prefetch_count=s.prefetch)
+            publish_channel = await connection.channel(publisher_confirms=True)
+            rpc_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            topo = await declare(publish_channel)
+            sink = AmqpEventSink(topo.events)
+            rpc = ToolRPC(rpc_channel)
+            await rpc.start()
+            model = OpenAIModel(
+                client, model=s.model.model, bad_response_retries=s.model.bad_response_retries
+            )
+            catalog = RegistryCatalog(redis, cache_s=s.tools_cache_s)
+            store = RedisStore(redis, lease_ttl_s=s.lease_ttl_s, ttl_s=s.state_ttl_s)
+
+            def loop_factory(handle: SessionHandle, profile: AgentProfile) -> Loop:
+                return Loop(
+                    model=model,
+                    tools=rpc,
+                    catalog=catalog,
+                    store=handle,
+                    events=sink,
+                    hooks=hooks_for(profile),
+                )
+
+            work = TurnWork(
+                store=store, profiles=self.profiles, loop_factory=loop_factory, events=sink
+            )
+            consumer = Consumer(
+                work=work,
+                default_exchange=publish_channel.default_exchange,
+                dead_letter=topo.dead_letter,
+                events=sink,
+                busy_retry_s=s.busy_retry_s,
+                max_step_attempts=s.max_step_attempts,
+            )
+            queue = await consume_channel.get_queue(t.TURNS_QUEUE, ensure=False)
+
+            async def on_message(message: AbstractIncomingMessage) -> None:
+                task = asyncio.current_task()
+                assert task is not None
+                self.in_flight.add(task)
+                try:
+                    await consumer.handle(message)
+                finally:
+                    self.in_flight.discard(task)
+
+            if s.http_port:
+
+                async def redis_ok() -> bool:
+                    return bool(await redis.ping())
+
+                async def consumer_ok() -> bool:
+                    return self.consuming and not connection.is_closed
+
+                health = HealthServer(
+                    registry=self.registry,
+                    checks={"consumer": consumer_ok, "redis": redis_ok},
+                    port=s.http_port,
+                )
+                await health.start()
+            tag = await queue.consume(on_message)
+            self.consuming = True
+            log.info("worker consuming %s (prefetch %d)", t.TURNS_QUEUE, s.prefetch)
+            if on_ready is not None:
+                on_ready()
+            await self.stopping.wait()
+            log.info("stopping: no new work; %d step(s) in hand", len(self.in_flight))
+            await queue.cancel(tag)
+            self.consuming = False
+            await self._drain(s.grace_s)
+        finally:
+            if health is not None:
+                await health.stop()
+            await client.close()
+            await connection.close()
+            await redis.aclose()
+
+    async def _drain(self, grace_s: float) -> None:
+        pending = set(self.in_flight)
+        if not pending:
+            return
+        _done, still = await asyncio.wait(pending, timeout=grace_s)
+        for task in still:
+            task.cancel()
+        for task in still:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if still:
+            log.warning("abandoned %d step(s) at shutdown; they will be redone", len(still))
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = Settings()
+    worker = Worker(settings)
+
+    async def runner() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        await worker.run()
+
+    asyncio.run(runner())
+    return 0

@@ -1,0 +1,203 @@
+"""The transport around ``TurnWork``: decode, dispatch, publish, then ack — in one place.
+
+- Bad input (undecodable, oversize, wrong schema, hostile ids, unknown agent) is
+  published to the dead-letter exchange with ``x-loopwire-reason`` and
+  ``x-loopwire-reason-code`` headers on its first delivery, announced as
+  ``turn.rejected`` when its turn id can be read, and acked.
+- Transient failures (Redis down, a lost lease race) send the message to the
+  delay queue and ack it: the work is never lost and no worker blocks.
+- An unexpected error in a step is retried through the delay queue up to
+  ``max_step_attempts`` times, then dead-lettered with the error as reason.
+- Every publish uses confirms; the message is acked only after all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
+from redis.exceptions import RedisError
+
+from contracts import topology as t
+from contracts.base import SAFE_ID_PATTERN
+from contracts.codec import DecodeError, decode, decode_obj, encode
+from contracts.events import UNKNOWN, TurnRejected, make_event
+from contracts.turns import TurnRequest
+from contracts.work import StepWork
+from worker.errors import PermanentError, RetryableError
+from worker.loop import EventSink
+from worker.turns import Action, Busy, Drop, Reply, Step, TurnWork
+
+log = logging.getLogger("loopwire.consumer")
+_SAFE_ID = re.compile(SAFE_ID_PATTERN)
+
+
+class Consumer:
+    def __init__(
+        self,
+        *,
+        work: TurnWork,
+        default_exchange: AbstractExchange,
+        dead_letter: AbstractExchange,
+        events: EventSink,
+        busy_retry_s: float = 0.5,
+        max_step_attempts: int = 5,
+    ) -> None:
+        self.work = work
+        self.default = default_exchange
+        self.dead_letter = dead_letter
+        self.events = events
+        self.busy_retry_s = busy_retry_s
+        self.max_step_attempts = max_step_attempts
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        headers: dict[str, Any] = dict(message.headers or {})
+        try:
+            actions = await self._dispatch(message, headers)
+        except DecodeError as exc:
+            await self._reject(message, exc.reason, exc.code)
+            return
+        except PermanentError as exc:
+            await self._reject(message, str(exc), exc.code)
+            return
+        except (RetryableError, RedisError, ConnectionError) as exc:
+            log.warning("retrying work after a transient failure: %s", exc)
+            await self._retry(message, headers, attempt_failed=False)
+            return
+        except Exception as exc:
+            log.exception("step failed")
+            attempt = int(headers.get(t.H_ATTEMPT, 0)) + 1
+            if attempt >= self.max_step_attempts:
+                await self._reject(
+                    message,
+                    f"step failed {attempt} times: {type(exc).__name__}: {exc}",
+                    "step_failed",
+                )
+            else:
+                await self._retry(message, headers, attempt_failed=True)
+            return
+        await self._perform(message, headers, actions)
+        await message.ack()
+
+    async def _dispatch(
+        self, message: AbstractIncomingMessage, headers: dict[str, Any]
+    ) -> list[Action]:
+        kind = headers.get(t.H_KIND, t.KIND_START)
+        if kind == t.KIND_STEP:
+            return await self.work.on_step(decode(message.body, StepWork))
+        if kind == t.KIND_START:
+            return await self.work.on_request(decode(message.body, TurnRequest))
+        raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
+
+    async def _perform(
+        self, message: AbstractIncomingMessage, headers: dict[str, Any], actions: list[Action]
+    ) -> None:
+        for action in actions:
+            if isinstance(action, Step):
+                await self.publish_step(action.work)
+            elif isinstance(action, Reply):
+                await self.default.publish(
+                    aio_pika.Message(
+                        encode(action.result),
+                        correlation_id=action.result.turn_id,
+                        content_type=t.CONTENT_TYPE,
+                        type="turn.result",
+                    ),
+                    routing_key=action.reply_to,
+                    mandatory=False,
+                )
+            elif isinstance(action, Busy):
+                await self._retry(message, headers, attempt_failed=False)
+            elif isinstance(action, Drop):
+                log.debug("dropping work: %s", action.reason)
+
+    async def publish_step(self, work: StepWork) -> None:
+        await self.default.publish(
+            aio_pika.Message(
+                encode(work),
+                headers={t.H_KIND: t.KIND_STEP},
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                message_id=f"{work.turn_id}:{work.step}",
+            ),
+            routing_key=t.TURNS_QUEUE,
+        )
+
+    async def _retry(
+        self, message: AbstractIncomingMessage, headers: dict[str, Any], *, attempt_failed: bool
+    ) -> None:
+        attempt = int(headers.get(t.H_ATTEMPT, 0)) + (1 if attempt_failed else 0)
+        delay = self.busy_retry_s * (2 ** min(attempt, 5) if attempt_failed else 1)
+        await self.default.publish(
+            aio_pika.Message(
+                message.body,
+                headers={**headers, t.H_ATTEMPT: attempt},
+                content_type=message.content_type,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                expiration=delay,
+                message_id=message.message_id,
+                correlation_id=message.correlation_id,
+                reply_to=message.reply_to,
+            ),
+            routing_key=t.RETRY_QUEUE,
+        )
+
+    async def _reject(self, message: AbstractIncomingMessage, reason: str, code: str) -> None:
+        headers = dict(message.headers or {})
+        reason = reason.replace("\n", " ")[:1000]
+        log.warning("dead-lettering work (%s): %s", code, reason)
+        await self.dead_letter.publish(
+            aio_pika.Message(
+                message.body,
+                headers={
+                    **headers,
+                    t.H_REASON: reason,
+                    t.H_REASON_CODE: code,
+                    "x-loopwire-rejected-at": time.time(),
+                },
+                content_type=message.content_type,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                message_id=message.message_id,
+                correlation_id=message.correlation_id,
+                reply_to=message.reply_to,
+            ),
+            routing_key=t.TURNS_QUEUE,
+        )
+        await self._announce_rejected(message.body, reason, code)
+
+    async def _announce_rejected(self, body: bytes, reason: str, code: str) -> None:
+        turn_id, agent, session_id = _readable_ids(body)
+        if turn_id is None:
+            return
+        event = make_event(
+            "turn.rejected",
+            TurnRejected(reason=reason, code=code[:64]),
+            agent=agent or UNKNOWN,
+            time=time.time(),
+            turn_id=turn_id,
+            session_id=session_id,
+        )
+        try:
+            await self.events.emit(event)
+        except Exception:
+            log.exception("could not publish turn.rejected")
+
+
+def _readable_ids(body: bytes) -> tuple[str | None, str | None, str | None]:
+    """The turn id, agent and session id of a rejected message, where they can be read safely."""
+    try:
+        obj = decode_obj(body)
+    except DecodeError:
+        return None, None, None
+    if not isinstance(obj, dict):
+        return None, None, None
+
+    def pick(key: str) -> str | None:
+        value = obj.get(key)
+        return value if isinstance(value, str) and _SAFE_ID.match(value) else None
+
+    return pick("turn_id"), pick("agent"), pick("session_id")

@@ -1,0 +1,97 @@
+"""Tool calls as RPC messages over RabbitMQ (the worker's side).
+
+A call is published on ``loopwire.tools`` with the tool's name as routing key,
+``mandatory`` on a confirming channel (an unbound tool is returned at once
+instead of waiting for its timeout), ``correlation_id`` = the tool call id,
+``reply_to`` = this worker's exclusive reply queue, ``expiration`` from the
+deadline and an ``idempotency-key`` header (``<turn_id>:<tool_call_id>``) that
+tool services use to answer a repeated call from their stored reply. Replies
+are matched by that key (echoed by the service), falling back to the
+correlation id. Pending calls are a dict of futures; a lost reply times out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractQueue
+from aio_pika.exceptions import DeliveryError, PublishError
+
+from contracts.codec import DecodeError, decode, encode
+from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
+from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
+from worker.errors import ToolCallError
+
+log = logging.getLogger("loopwire.rpc")
+
+
+class ToolRPC:
+    """``ToolCaller`` over RabbitMQ. ``start()`` before use; one per worker process."""
+
+    def __init__(self, channel: AbstractChannel) -> None:
+        self.channel = channel
+        self.futures: dict[str, asyncio.Future[ToolCallReply]] = {}
+        self.exchange: AbstractExchange | None = None
+        self.queue: AbstractQueue | None = None
+
+    async def start(self) -> None:
+        self.exchange = await self.channel.declare_exchange(
+            TOOLS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
+        )
+        self.queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        await self.queue.consume(self._on_reply, no_ack=True)
+
+    async def call(self, request: ToolCallRequest, definition: ToolDefinition) -> ToolCallReply:
+        if self.exchange is None or self.queue is None:
+            raise RuntimeError("ToolRPC.start() was not awaited")
+        key = request.context.idempotency_key
+        expiration_ms = max(1, int((request.context.deadline - time.time()) * 1000))
+        message = aio_pika.Message(
+            encode(request),
+            correlation_id=request.call_id,
+            reply_to=self.queue.name,
+            expiration=expiration_ms / 1000,
+            headers={H_IDEMPOTENCY_KEY: key},
+            content_type=CONTENT_TYPE,
+            message_id=key,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        future: asyncio.Future[ToolCallReply] = asyncio.get_running_loop().create_future()
+        self.futures[key] = future
+        try:
+            try:
+                await self.exchange.publish(message, routing_key=request.tool, mandatory=True)
+            except PublishError as exc:
+                raise ToolCallError(
+                    f"tool unavailable: no service is bound for {request.tool!r}"
+                ) from exc
+            except DeliveryError as exc:
+                raise ToolCallError(
+                    f"tool unavailable: the broker refused the call ({exc})"
+                ) from exc
+            return await future
+        finally:
+            self.futures.pop(key, None)
+
+    async def _on_reply(self, message: AbstractIncomingMessage) -> None:
+        headers: dict[str, Any] = dict(message.headers or {})
+        key = headers.get(H_IDEMPOTENCY_KEY)
+        future = self.futures.get(str(key)) if key is not None else None
+        if future is None:
+            future = next(
+                (f for k, f in self.futures.items() if k.endswith(f":{message.correlation_id}")),
+                None,
+            )
+        if future is None or future.done():
+            log.debug("reply for an unknown or finished call %s", message.correlation_id)
+            return
+        try:
+            future.set_result(decode(message.body, ToolCallReply))
+        except DecodeError as exc:
+            future.set_exception(
+                ToolCallError(f"the tool service sent an invalid reply: {exc.reason}")
+            )

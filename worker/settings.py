@@ -1,0 +1,71 @@
+"""Worker configuration: environment variables with the ``LOOPWIRE_`` prefix, nested with ``__``.
+
+Example: ``LOOPWIRE_MODEL__BASE_URL=http://localhost:11434/v1``,
+``LOOPWIRE_PREFETCH=32``. Every timeout is bounded; nothing waits forever.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ModelSettings(BaseModel):
+    base_url: str = Field(
+        default="http://127.0.0.1:8099/v1", description="OpenAI-compatible endpoint."
+    )
+    api_key: SecretStr = Field(
+        default=SecretStr("not-needed"), description="API key for the endpoint."
+    )
+    model: str = Field(
+        default="scripted-model", description="Default model; agent profiles may override."
+    )
+    timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="Timeout of one model HTTP call."
+    )
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    max_retries: int = Field(
+        default=2, ge=0, le=10, description="The openai client's retries of 429/5xx."
+    )
+    bad_response_retries: int = Field(
+        default=2, ge=0, le=10, description="Retries of a malformed 200 body."
+    )
+    max_connections: int = Field(default=1000, ge=1, description="HTTP connection pool size.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="LOOPWIRE_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL.")
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
+    redis_max_connections: int = Field(default=200, ge=1, description="Redis connection pool size.")
+    prefetch: int = Field(
+        default=64, ge=1, le=10_000, description="Turn work messages in flight per worker."
+    )
+    agents_file: Path | None = Field(default=None, description="JSON file with agent profiles.")
+    lease_ttl_s: float = Field(
+        default=15.0, gt=0, description="Session lease; renewed while a step runs."
+    )
+    busy_retry_s: float = Field(
+        default=0.5, gt=0, description="Delay before retrying work for a busy session."
+    )
+    max_step_attempts: int = Field(
+        default=5, ge=1, description="Failed attempts of a step before it is dead-lettered."
+    )
+    state_ttl_s: int = Field(
+        default=30 * 24 * 3600, ge=60, description="Idle session state lifetime."
+    )
+    tools_cache_s: float = Field(
+        default=1.0, ge=0, description="How long the list of live tools is cached."
+    )
+    grace_s: float = Field(
+        default=25.0, gt=0, description="SIGTERM: time to finish the steps in hand."
+    )
+    http_port: int = Field(
+        default=9464, ge=0, le=65535, description="Port of /metrics, /livez, /readyz (0: off)."
+    )
+    model: ModelSettings = ModelSettings()

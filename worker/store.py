@@ -1,0 +1,274 @@
+"""Agent state in Redis: compare-and-set saves fenced by the session lease.
+
+Layout (keys from ``contracts.keys``, all under the session's hash tag):
+
+- ``state``: hash ``{v: version, s: msgpack AgentState}``;
+- ``history``: list of msgpack messages (append-only), ``turn:<id>:messages``
+  the same for a ``persist: false`` turn;
+- ``lease`` / ``fence``: the fencing token of the worker running a step, and
+  the counter that hands out tokens (strictly increasing);
+- ``queue``, ``turns``, ``requests``: the session's turns in arrival order, the
+  status of every turn it accepted, the requests of turns not yet started;
+- ``turn:<id>:result``: the stored ``TurnResult``.
+
+Every write is one Lua script that first checks the caller still holds the
+lease (its token) and that the state's version is the one it loaded, so a
+stale worker can never overwrite a newer one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgpack
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from contracts import keys
+from contracts.codec import decode, encode
+from contracts.messages import ChatMessage
+from contracts.state import AgentState
+from contracts.turns import TurnRequest, TurnResult
+from worker.errors import StaleStateError
+
+# KEYS: lease fence state history ; ARGV: ttl_ms, want_history(0/1)
+_BEGIN: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+local state = redis.call('HMGET', KEYS[3], 'v', 's')
+return {token, state[1] or false, state[2] or false}
+"""
+
+# KEYS: lease ; ARGV: token, ttl_ms
+_RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+return 0
+"""
+
+# KEYS: lease ; ARGV: token
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+return 0
+"""
+
+# KEYS: lease state list result turns queue requests
+# ARGV: token, expected_version, state_blob, release(0/1), ttl_s, result_blob|'', turn_id, n, msg...
+_SAVE: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
+local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
+if v ~= tonumber(ARGV[2]) then return redis.error_reply('STALE version ' .. v) end
+redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3])
+local n = tonumber(ARGV[8])
+if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 9, 8 + n)) end
+local head = ''
+if ARGV[6] ~= '' then
+  local ttl = tonumber(ARGV[5])
+  redis.call('SET', KEYS[4], ARGV[6], 'EX', ttl)
+  redis.call('HSET', KEYS[5], ARGV[7], 'done')
+  if redis.call('LINDEX', KEYS[6], 0) == ARGV[7] then redis.call('LPOP', KEYS[6]) end
+  redis.call('HDEL', KEYS[7], ARGV[7])
+  head = redis.call('LINDEX', KEYS[6], 0) or ''
+  for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
+  redis.call('EXPIRE', KEYS[7], ttl)
+end
+if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
+return {v + 1, head}
+"""
+
+# KEYS: turns requests queue result ; ARGV: turn_id, request_blob, ttl_s
+_ACCEPT: Final = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued') == 0 then
+  local res = redis.call('GET', KEYS[4])
+  if res then return {'done', res} end
+  return {'pending', ''}
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+local len = redis.call('RPUSH', KEYS[3], ARGV[1])
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+if len == 1 then return {'start', ''} end
+return {'queued', tostring(len - 1)}
+"""
+
+DEFAULT_TTL_S: Final = 30 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """What ``accept`` found: ``start`` (run it now), ``queued`` (behind others),
+    ``pending`` (a duplicate of a turn not finished), ``done`` (a duplicate; ``result``)."""
+
+    status: str
+    result: TurnResult | None = None
+    ahead: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    session_id: str
+    token: int
+    state: AgentState | None
+
+
+class RedisStore:
+    """The session store; ``SessionHandle`` is its ``StateStore`` for one leased step."""
+
+    def __init__(
+        self, redis: Redis, *, lease_ttl_s: float = 15.0, ttl_s: int = DEFAULT_TTL_S
+    ) -> None:
+        self.redis = redis
+        self.lease_ms = int(lease_ttl_s * 1000)
+        self.ttl_s = ttl_s
+        self._begin = redis.register_script(_BEGIN)
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+        self._save = redis.register_script(_SAVE)
+        self._accept = redis.register_script(_ACCEPT)
+
+    async def accept(self, request: TurnRequest) -> Accepted:
+        s, t = request.session_id, request.turn_id
+        status, payload = await self._accept(
+            keys=[
+                keys.session_turns(s),
+                keys.session_requests(s),
+                keys.session_queue(s),
+                keys.turn_result(s, t),
+            ],
+            args=[t, encode(request), self.ttl_s],
+        )
+        status = status.decode() if isinstance(status, bytes) else status
+        if status == "done":
+            return Accepted("done", result=decode(payload, TurnResult))
+        if status == "queued":
+            return Accepted("queued", ahead=int(payload))
+        return Accepted(status)
+
+    async def lease(self, session_id: str) -> Lease | None:
+        """Take the session's lease and load its state; ``None`` when another worker holds it."""
+        reply = await self._begin(
+            keys=[
+                keys.session_lease(session_id),
+                keys.session_fence(session_id),
+                keys.session_state(session_id),
+            ],
+            args=[self.lease_ms],
+        )
+        if not reply[0]:
+            return None
+        blob = reply[2]
+        state = decode(blob, AgentState) if blob else None
+        if state is not None and reply[1] is not None:
+            state = state.model_copy(update={"version": int(reply[1])})
+        return Lease(session_id, int(reply[0]), state)
+
+    async def renew(self, lease: Lease) -> bool:
+        return bool(
+            await self._renew(
+                keys=[keys.session_lease(lease.session_id)], args=[lease.token, self.lease_ms]
+            )
+        )
+
+    async def release(self, lease: Lease) -> None:
+        await self._release(keys=[keys.session_lease(lease.session_id)], args=[lease.token])
+
+    async def head(self, session_id: str) -> str | None:
+        value = await self.redis.lindex(keys.session_queue(session_id), 0)
+        return value.decode() if isinstance(value, bytes) else value
+
+    async def request(self, session_id: str, turn_id: str) -> TurnRequest | None:
+        blob = await self.redis.hget(keys.session_requests(session_id), turn_id)
+        return decode(_bytes(blob), TurnRequest) if blob else None
+
+    async def result(self, session_id: str, turn_id: str) -> TurnResult | None:
+        blob = await self.redis.get(keys.turn_result(session_id, turn_id))
+        return decode(_bytes(blob), TurnResult) if blob else None
+
+    async def history(self, session_id: str) -> list[ChatMessage]:
+        items = await self.redis.lrange(keys.session_history(session_id), 0, -1)
+        return [_message(item) for item in items]
+
+    def handle(self, lease: Lease) -> SessionHandle:
+        return SessionHandle(self, lease)
+
+
+class SessionHandle:
+    """``StateStore`` for one step under one lease; remembers the next queued turn on finish."""
+
+    def __init__(self, store: RedisStore, lease: Lease) -> None:
+        self.store = store
+        self.lease = lease
+        self.next_turn: str | None = None
+
+    async def load_messages(self, state: AgentState) -> list[ChatMessage]:
+        redis = self.store.redis
+        sid = state.session_id
+        ex = state.execution
+        if ex is None or ex.request.persist:
+            items = await redis.lrange(keys.session_history(sid), 0, -1)
+        else:
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.lrange(keys.session_history(sid), 0, ex.history_start - 1)
+                pipe.lrange(keys.turn_transient(sid, ex.turn_id), 0, -1)
+                before, during = await pipe.execute()
+            items = [*before, *during] if ex.history_start > 0 else list(during)
+        return [_message(item) for item in items]
+
+    async def save(
+        self,
+        state: AgentState,
+        *,
+        append: Sequence[ChatMessage] = (),
+        result: TurnResult | None = None,
+    ) -> AgentState:
+        sid = state.session_id
+        ex = state.execution
+        turn_id = result.turn_id if result else (ex.turn_id if ex else "")
+        transient = ex is not None and not ex.request.persist
+        target = keys.turn_transient(sid, turn_id) if transient else keys.session_history(sid)
+        stored = state.model_copy(update={"version": 0})
+        args: list[Any] = [
+            self.lease.token,
+            state.version,
+            encode(stored),
+            "1" if result is not None else "0",
+            self.store.ttl_s,
+            encode(result) if result is not None else "",
+            turn_id,
+            len(append),
+            *(encode(m) for m in append),
+        ]
+        result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
+        try:
+            version, head = await self.store._save(
+                keys=[
+                    keys.session_lease(sid),
+                    keys.session_state(sid),
+                    target,
+                    result_key,
+                    keys.session_turns(sid),
+                    keys.session_queue(sid),
+                    keys.session_requests(sid),
+                ],
+                args=args,
+            )
+        except ResponseError as exc:
+            if "STALE" in str(exc):
+                raise StaleStateError(f"session {sid}: {exc}") from None
+            raise
+        if result is not None:
+            head = head.decode() if isinstance(head, bytes) else head
+            self.next_turn = head or None
+            if transient:
+                await self.store.redis.delete(keys.turn_transient(sid, turn_id))
+        return state.model_copy(update={"version": int(version)})
+
+
+def _message(blob: bytes | str) -> ChatMessage:
+    return ChatMessage.model_validate(msgpack.unpackb(_bytes(blob), raw=False))
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()

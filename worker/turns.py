@@ -1,0 +1,209 @@
+"""What a worker does with each work message, without any transport code.
+
+``TurnWork.on_request`` accepts a ``TurnRequest`` (once per turn id) and queues it
+behind the session's earlier turns; ``TurnWork.on_step`` takes the session's
+lease, runs one step of its current turn and says what to publish next. The
+transport (``worker.consumer``) publishes the returned actions and only then
+acks.
+
+Ordering: a session's unfinished turns sit in a Redis list in arrival order;
+only the head runs, and the worker that finishes it kicks the next one (the
+finish and the pop are one script). A worker that finds the session leased by
+another worker does not wait: the message goes to the delay queue (``Busy``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
+from contracts.turns import TurnRequest, TurnResult
+from contracts.work import StepWork
+from worker.errors import PermanentError
+from worker.loop import EventSink, Finished, Loop, new_execution
+from worker.profiles import AgentProfile, AgentProfiles
+from worker.store import Lease, RedisStore, SessionHandle
+
+log = logging.getLogger("loopwire.turns")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Publish this step message."""
+
+    work: StepWork
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Send the turn's result to the publisher's reply queue."""
+
+    reply_to: str
+    result: TurnResult
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """The session is leased by another worker: retry this message after a delay."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Nothing to do (a duplicate or stale message): ack it."""
+
+    reason: str
+
+
+Action = Step | Reply | Busy | Drop
+LoopFactory = Callable[[SessionHandle, AgentProfile], Loop]
+
+
+class TurnWork:
+    def __init__(
+        self,
+        *,
+        store: RedisStore,
+        profiles: AgentProfiles,
+        loop_factory: LoopFactory,
+        events: EventSink,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.profiles = profiles
+        self.loop_factory = loop_factory
+        self.events = events
+        self.clock = clock
+
+    def profile(self, agent: str) -> AgentProfile:
+        profile = self.profiles.get(agent)
+        if profile is None:
+            raise PermanentError(f"unknown agent {agent!r}", code="unknown_agent")
+        return profile
+
+    async def on_request(self, request: TurnRequest) -> list[Action]:
+        self.profile(request.agent)
+        accepted = await self.store.accept(request)
+        if accepted.status == "done":
+            assert accepted.result is not None
+            replies: list[Action] = []
+            if request.reply_to:
+                replies.append(Reply(request.reply_to, accepted.result))
+            return [*replies, Drop("duplicate turn request: already finished")]
+        if accepted.status == "pending":
+            # A duplicate of a turn not finished yet. If it is the session's head, kick it
+            # again: the first delivery may have died between accepting it and kicking it.
+            if await self.store.head(request.session_id) == request.turn_id:
+                return [
+                    Step(StepWork(session_id=request.session_id, turn_id=request.turn_id, step=0))
+                ]
+            return [Drop("duplicate turn request: still queued or running")]
+        await self._emit_accepted(request)
+        if accepted.status == "start":
+            return [Step(StepWork(session_id=request.session_id, turn_id=request.turn_id, step=0))]
+        return []
+
+    async def on_step(self, work: StepWork) -> list[Action]:
+        lease = await self.store.lease(work.session_id)
+        if lease is None:
+            return [Busy()]
+        renewer = asyncio.create_task(self._renew(lease))
+        finished = False
+        try:
+            actions, finished = await self._step(lease, work)
+            return actions
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            if not finished:
+                await self.store.release(lease)
+
+    async def _step(self, lease: Lease, work: StepWork) -> tuple[list[Action], bool]:
+        state = lease.state
+        ex = state.execution if state else None
+        handle = self.store.handle(lease)
+        if ex is None:
+            head = await self.store.head(work.session_id)
+            if head != work.turn_id or work.step != 0:
+                return await self._already_done(work, head), False
+            request = await self.store.request(work.session_id, work.turn_id)
+            if request is None:
+                return [Drop(f"turn {work.turn_id} has no stored request")], False
+            profile = self.profile(request.agent)
+            state = await handle.save(new_execution(state, request, profile, self.clock()))
+            ex = state.execution
+            assert ex is not None
+        elif ex.turn_id != work.turn_id or work.step != len(ex.steps):
+            return [Drop(f"stale step message {work.turn_id}#{work.step}")], False
+        assert state is not None
+        profile = self.profile(ex.request.agent)
+        outcome = await self.loop_factory(handle, profile).step(state, profile)
+        if isinstance(outcome, Finished):
+            return self._finish_actions(outcome.result, ex.request, handle.next_turn), True
+        next_ex = outcome.state.execution
+        assert next_ex is not None
+        return [
+            Step(
+                StepWork(session_id=work.session_id, turn_id=work.turn_id, step=len(next_ex.steps))
+            )
+        ], False
+
+    async def _already_done(self, work: StepWork, head: str | None) -> list[Action]:
+        """A step message for a turn that is not running: a duplicate, or the redelivered last
+        step of a finished turn whose effects (reply, event, next kick) may not have gone out."""
+        result = await self.store.result(work.session_id, work.turn_id)
+        if result is None or work.step < max(result.steps - 1, 0):
+            return [Drop(f"stale step message {work.turn_id}#{work.step}")]
+        request = await self.store.request(work.session_id, work.turn_id)
+        event = make_event(
+            finish_event_type(result.finish_reason),
+            TurnFinished(result=result),
+            agent=result.agent,
+            time=result.completed_at,
+            turn_id=result.turn_id,
+            session_id=result.session_id,
+        )
+        await self.events.emit(event)
+        actions: list[Action] = []
+        if request is not None and request.reply_to:
+            actions.append(Reply(request.reply_to, result))
+        if head is not None and head != work.turn_id:
+            actions.append(Step(StepWork(session_id=work.session_id, turn_id=head, step=0)))
+        return [*actions, Drop("finished turn: effects repeated")]
+
+    def _finish_actions(
+        self, result: TurnResult, request: TurnRequest, next_turn: str | None
+    ) -> list[Action]:
+        actions: list[Action] = []
+        if request.reply_to:
+            actions.append(Reply(request.reply_to, result))
+        if next_turn is not None:
+            actions.append(Step(StepWork(session_id=request.session_id, turn_id=next_turn, step=0)))
+        return actions
+
+    async def _emit_accepted(self, request: TurnRequest) -> None:
+        event = make_event(
+            "turn.accepted",
+            TurnAccepted(persist=request.persist, input_messages=len(request.input)),
+            agent=request.agent,
+            time=self.clock(),
+            turn_id=request.turn_id,
+            session_id=request.session_id,
+        )
+        try:
+            await self.events.emit(event)
+        except Exception:
+            log.exception("could not publish turn.accepted for %s", request.turn_id)
+
+    async def _renew(self, lease: Lease) -> None:
+        interval = self.store.lease_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            if not await self.store.renew(lease):
+                log.warning("lost the lease of session %s", lease.session_id)
+                return
