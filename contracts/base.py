@@ -32,7 +32,9 @@ JsonObject = dict[str, Any]
 class Contract(BaseModel):
     """Root of every contract: immutable, strict about unknown fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False
+    )
 
 
 def utf8_len_ok(value: str, limit: int) -> bool:

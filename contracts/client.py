@@ -53,7 +53,9 @@ class TurnHandle:
         self._queue = queue
         self._channel = channel
         self._events: asyncio.Queue[Event | TurnResult] = asyncio.Queue()
-        self._result: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._result: asyncio.Future[TurnResult] = loop.create_future()
+        self._accepted: asyncio.Future[None] = loop.create_future()
         self._tag: str | None = None
 
     async def _start(self) -> None:
@@ -65,18 +67,25 @@ class TurnHandle:
                 result = decode(message.body, TurnResult)
                 if not self._result.done():
                     self._result.set_result(result)
+                if not self._accepted.done():
+                    self._accepted.set_result(None)
                 await self._events.put(result)
                 return
             event = decode(message.body, Event)
         except DecodeError:
             return
         await self._events.put(event)
+        if not self._accepted.done() and event.type != "turn.rejected":
+            self._accepted.set_result(None)
         data = event.data
         if event.type in ("turn.completed", "turn.failed") and hasattr(data, "result"):
             if not self._result.done():
                 self._result.set_result(data.result)
         elif event.type == "turn.rejected" and not self._result.done():
-            self._result.set_exception(TurnRejectedError(getattr(data, "reason", "rejected")))
+            error = TurnRejectedError(getattr(data, "reason", "rejected"))
+            self._result.set_exception(error)
+            if not self._accepted.done():
+                self._accepted.set_exception(error)
 
     async def events(self) -> AsyncIterator[Event]:
         """The turn's events in order, ending with turn.completed / turn.failed / turn.rejected."""
@@ -87,6 +96,13 @@ class TurnHandle:
             yield item
             if item.type in FINAL_EVENTS:
                 return
+
+    async def accepted(self, timeout: float | None = None) -> None:
+        """Wait until a worker accepted the turn into its session's queue (``turn.accepted``).
+
+        Turns of one session run in the order they are accepted; a publisher that
+        needs its own successive turns in order waits for this before the next."""
+        await asyncio.wait_for(asyncio.shield(self._accepted), timeout)
 
     async def result(self, timeout: float | None = None) -> TurnResult:
         return await asyncio.wait_for(asyncio.shield(self._result), timeout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable
 
@@ -84,7 +85,7 @@ class Worker:
             hooks_for(profile)
         redis = Redis.from_url(s.redis_url, max_connections=s.redis_max_connections)
         connection = await aio_pika.connect_robust(
-            s.amqp_url, client_properties={"connection_name": "loopwire-worker"}
+            s.amqp_url, client_properties={"connection_name": f"loopwire-worker-{os.getpid()}"}
         )
         client = openai_client(s)
         health: HealthServer | None = None

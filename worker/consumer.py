@@ -28,6 +28,7 @@ from contracts.codec import DecodeError, decode, decode_obj, encode
 from contracts.events import UNKNOWN, TurnRejected, make_event
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
+from worker import failpoints
 from worker.errors import PermanentError, RetryableError
 from worker.loop import EventSink
 from worker.turns import Action, Busy, Drop, Reply, Step, TurnWork
@@ -55,32 +56,27 @@ class Consumer:
         self.max_step_attempts = max_step_attempts
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
+        """Handle one work message; every path ends in exactly one ack."""
         headers: dict[str, Any] = dict(message.headers or {})
         try:
             actions = await self._dispatch(message, headers)
+            await self._perform(message, headers, actions)
         except DecodeError as exc:
             await self._reject(message, exc.reason, exc.code)
-            return
         except PermanentError as exc:
             await self._reject(message, str(exc), exc.code)
-            return
         except (RetryableError, RedisError, ConnectionError) as exc:
             log.warning("retrying work after a transient failure: %s", exc)
             await self._retry(message, headers, attempt_failed=False)
-            return
         except Exception as exc:
             log.exception("step failed")
             attempt = int(headers.get(t.H_ATTEMPT, 0)) + 1
             if attempt >= self.max_step_attempts:
-                await self._reject(
-                    message,
-                    f"step failed {attempt} times: {type(exc).__name__}: {exc}",
-                    "step_failed",
-                )
+                reason = f"step failed {attempt} times: {type(exc).__name__}: {exc}"
+                await self._reject(message, reason, "step_failed")
             else:
                 await self._retry(message, headers, attempt_failed=True)
-            return
-        await self._perform(message, headers, actions)
+        failpoints.hit("before_ack")
         await message.ack()
 
     async def _dispatch(

@@ -24,6 +24,7 @@ from aio_pika.exceptions import DeliveryError, PublishError
 from contracts.codec import DecodeError, decode, encode
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
+from worker import failpoints
 from worker.errors import ToolCallError
 
 log = logging.getLogger("loopwire.rpc")
@@ -73,6 +74,7 @@ class ToolRPC:
                 raise ToolCallError(
                     f"tool unavailable: the broker refused the call ({exc})"
                 ) from exc
+            failpoints.hit("tool_dispatched")
             return await future
         finally:
             self.futures.pop(key, None)

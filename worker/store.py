@@ -31,6 +31,7 @@ from contracts.codec import decode, encode
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
+from worker import failpoints
 from worker.errors import StaleStateError
 
 # KEYS: lease fence state history ; ARGV: ttl_ms, want_history(0/1)
@@ -258,12 +259,21 @@ class SessionHandle:
             if "STALE" in str(exc):
                 raise StaleStateError(f"session {sid}: {exc}") from None
             raise
+        _failpoint_after_save(state, append)
         if result is not None:
             head = head.decode() if isinstance(head, bytes) else head
             self.next_turn = head or None
             if transient:
                 await self.store.redis.delete(keys.turn_transient(sid, turn_id))
         return state.model_copy(update={"version": int(version)})
+
+
+def _failpoint_after_save(state: AgentState, append: Sequence[ChatMessage]) -> None:
+    if any(m.role == "assistant" and m.tool_calls for m in append):
+        failpoints.hit("model_saved")
+    ex = state.execution
+    if not append and ex is not None and ex.pending is not None and ex.pending.results:
+        failpoints.hit("tool_result_saved")
 
 
 def _message(blob: bytes | str) -> ChatMessage:

@@ -97,6 +97,13 @@ class WorkerProcess:
     def stderr(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
+    def errors(self) -> list[str]:
+        """Lines the worker logged at ERROR level, or tracebacks."""
+        text = self.log_path.read_text(errors="replace")
+        return [
+            line for line in text.splitlines() if " ERROR " in line or line.startswith("Traceback")
+        ]
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
@@ -253,3 +260,21 @@ class EventRecorder:
 
     async def stop(self) -> None:
         await self.connection.close()
+
+
+def assert_valid_transcript(messages: list[Any]) -> None:
+    """Every assistant tool call is followed by exactly one tool result with its id, in order."""
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        i += 1
+        if message.role != "assistant" or not message.tool_calls:
+            assert message.role != "tool", f"tool result without a call at {i - 1}"
+            continue
+        expected = [call.id for call in message.tool_calls]
+        results = [m.tool_call_id for m in messages[i : i + len(expected)]]
+        assert all(m.role == "tool" for m in messages[i : i + len(expected)]), (
+            f"missing results at {i}"
+        )
+        assert results == expected, f"results {results} do not match calls {expected}"
+        i += len(expected)

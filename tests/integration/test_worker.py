@@ -84,6 +84,7 @@ async def test_turn_with_tool_steps_end_to_end(
         result = await client.run_turn("support", "How long do refunds take?", timeout=30)
     finally:
         worker.close()
+    assert worker.errors() == []
     assert result.finish_reason == "stop"
     assert result.content == "Refunds take 5 days."
     assert result.steps == 3
@@ -260,6 +261,8 @@ async def test_worker_killed_during_tool_call_resumes_on_another(
         first.close()
         second.close()
         await service.stop()
+    assert first.errors() == []
+    assert second.errors() == []
     assert result.content == "done after crash"
     assert (
         sum(service.executions.values()) == 1

@@ -86,9 +86,14 @@ class ToolRunner:
                 current = await store.save(_record(current, execution, updates, ctx, self.clock()))
             await self._emit_invoked(current, pending.index, execution)
 
-        async with asyncio.TaskGroup() as group:
-            for call in todo:
-                group.create_task(run_one(call))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for call in todo:
+                    group.create_task(run_one(call))
+        except BaseExceptionGroup as failed:
+            # A failed save (StaleStateError, a lost Redis connection) must reach the caller as
+            # itself, as it does from every other phase, so that it is classified (retried).
+            raise _first_leaf(failed) from failed
         return current
 
     async def _execute(
@@ -222,6 +227,11 @@ class ToolRunner:
             step=step,
             call_id=execution.call_id,
         )
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _execution(state: AgentState) -> ExecutionState:

@@ -1,0 +1,164 @@
+"""Workers dying at every point of a step, and many turns over two workers."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from contracts.client import LoopwireClient, TurnHandle, new_id
+from contracts.tools import ToolCallRequest
+from harness import (
+    AMQP_URL,
+    REDIS_URL,
+    CountingToolService,
+    EventRecorder,
+    WorkerProcess,
+    assert_valid_transcript,
+    reset_topology,
+    write_agents,
+)
+from worker.scripted_model import Reply, ScriptedModel
+from worker.store import RedisStore
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def lookup() -> AsyncIterator[CountingToolService]:
+    await reset_topology()
+
+    async def body(request: ToolCallRequest) -> object:
+        return {"results": [f"found {request.arguments.get('q')}"]}
+
+    service = CountingToolService(f"lookup_{uuid.uuid4().hex[:8]}", body)
+    await service.start()
+    yield service
+    await service.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[LoopwireClient]:
+    async with LoopwireClient(AMQP_URL) as c:
+        yield c
+
+
+async def history(session_id: str) -> list[Any]:
+    redis = Redis.from_url(REDIS_URL)
+    try:
+        return await RedisStore(redis).history(session_id)
+    finally:
+        await redis.aclose()
+
+
+async def wait_exit(worker: WorkerProcess, timeout: float = 20.0) -> int:
+    assert worker.proc is not None
+    for _ in range(int(timeout * 20)):
+        code = worker.proc.poll()
+        if code is not None:
+            return code
+        await asyncio.sleep(0.05)
+    raise AssertionError("the worker did not reach its failpoint")
+
+
+@pytest.mark.parametrize(
+    "point", ["model_saved", "tool_dispatched", "tool_result_saved", "before_ack"]
+)
+async def test_killed_worker_step_is_redone_by_another(
+    point: str,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refund"})))
+    scripted_model.expect(Reply.text("Refunds take 5 days."))
+    agents = write_agents(tmp_path / "agents.json", [lookup.name])
+    doomed = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=agents,
+        extra_env={"LOOPWIRE_FAILPOINTS": point},
+    )
+    survivor = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    await doomed.start()
+    try:
+        session = new_id()
+        handle = await client.start_turn("support", "refund time?", session_id=session)
+        assert await wait_exit(doomed) == 137
+        await survivor.start()
+        result = await handle.result(30)
+        await handle.close()
+    finally:
+        doomed.close()
+        survivor.close()
+    assert result.finish_reason == "stop"
+    assert result.content == "Refunds take 5 days."
+    assert sum(lookup.executions.values()) == 1, "a tool ran twice"
+    assert len(scripted_model.requests) == 2, "a saved model response was requested again"
+    messages = await history(session)
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert_valid_transcript(messages)
+    assert survivor.errors() == []
+
+
+async def test_many_turns_over_two_workers_keep_session_order(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    def responder(request: dict[str, Any]) -> Reply:
+        messages = request["messages"]
+        last_user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        if messages[-1]["role"] == "user":
+            return Reply.tool_calls((lookup.name, {"q": last_user}))
+        return Reply.text(f"answer to {last_user}")
+
+    scripted_model.respond_with(responder)
+    agents = write_agents(tmp_path / "agents.json", [lookup.name])
+    workers = [
+        WorkerProcess(model_url=scripted_model.base_url, agents_file=agents) for _ in range(2)
+    ]
+    recorder = EventRecorder("turn.completed.#")
+    await recorder.start()
+    await asyncio.gather(*(w.start() for w in workers))
+    sessions = [new_id() for _ in range(10)]
+    handles: dict[str, list[TurnHandle]] = defaultdict(list)
+    try:
+        for turn in range(5):
+            for session in sessions:
+                handles[session].append(
+                    await client.start_turn(
+                        "support", f"{session[:6]} question {turn}", session_id=session
+                    )
+                )
+        results = {h.turn_id: await h.result(90) for hs in handles.values() for h in hs}
+        await recorder.wait_for(lambda evs: len(evs) >= 50, timeout=30)
+    finally:
+        for worker in workers:
+            worker.close()
+        for hs in handles.values():
+            for h in hs:
+                await h.close()
+        await recorder.stop()
+    assert len(results) == 50
+    assert all(r.finish_reason == "stop" for r in results.values())
+    completed = [e.turn_id for e in recorder.events]
+    assert sorted(completed) == sorted(results), "every turn completes exactly once"
+    for session in sessions:
+        order = [e.turn_id for e in recorder.events if e.session_id == session]
+        assert order == [h.turn_id for h in handles[session]], "turns of a session ran out of order"
+        messages = await history(session)
+        users = [m.content for m in messages if m.role == "user"]
+        assert users == [f"{session[:6]} question {turn}" for turn in range(5)]
+        assert_valid_transcript(messages)
+        answers = [m.content for m in messages if m.role == "assistant" and m.content]
+        assert answers == [f"answer to {u}" for u in users]
+    assert sum(lookup.executions.values()) == 50
+    assert all(w.errors() == [] for w in workers)
