@@ -32,7 +32,7 @@ from worker.profiles import AgentProfile, AgentProfiles
 from worker.rpc import ToolRPC
 from worker.settings import Settings
 from worker.store import RedisStore, SessionHandle
-from worker.topology import declare
+from worker.topology import TURNS_ARGUMENTS, declare
 from worker.turns import TurnWork
 
 log = logging.getLogger("loopwire.worker")
@@ -83,9 +83,16 @@ class Worker:
         s = self.settings
         for profile in self.profiles.agents:
             hooks_for(profile)
-        redis = Redis.from_url(s.redis_url, max_connections=s.redis_max_connections)
+        redis = Redis.from_url(
+            s.redis_url,
+            max_connections=s.redis_max_connections,
+            socket_timeout=s.redis_timeout_s,
+            socket_connect_timeout=s.redis_timeout_s,
+        )
         connection = await aio_pika.connect_robust(
-            s.amqp_url, client_properties={"connection_name": f"loopwire-worker-{os.getpid()}"}
+            s.amqp_url,
+            client_properties={"connection_name": f"loopwire-worker-{os.getpid()}"},
+            reconnect_interval=s.reconnect_interval_s,
         )
         client = openai_client(s)
         health: HealthServer | None = None
@@ -125,7 +132,11 @@ class Worker:
                 busy_retry_s=s.busy_retry_s,
                 max_step_attempts=s.max_step_attempts,
             )
-            queue = await consume_channel.get_queue(t.TURNS_QUEUE, ensure=False)
+            # declared (not just looked up) on this channel so the robust channel restores it
+            # and its consumer after a reconnect
+            queue = await consume_channel.declare_queue(
+                t.TURNS_QUEUE, durable=True, arguments=TURNS_ARGUMENTS
+            )
 
             async def on_message(message: AbstractIncomingMessage) -> None:
                 task = asyncio.current_task()
@@ -185,8 +196,12 @@ class Worker:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings()
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    for noisy in ("aiormq", "aio_pika", "httpx2"):
+        logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
     worker = Worker(settings)
 
     async def runner() -> None:

@@ -1,8 +1,9 @@
 """The tools workers may offer: those announced by a live tool service (cached briefly).
 
 Tool services write a ``ToolAnnouncement`` per instance into the Redis hash
-``keys.tool_registry()`` on every heartbeat; an announcement past its
-``expires_at`` means the instance is gone, and its tools are no longer offered.
+``keys.tool_registry()`` on every heartbeat (``tool_services.registry``); an
+announcement past its ``expires_at`` means the instance is gone, and its tools
+are no longer offered, so a call to them fails at once as "tool unavailable".
 """
 
 from __future__ import annotations
@@ -12,41 +13,8 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from contracts import keys
-from contracts.codec import DecodeError, decode
-from contracts.tools import ToolAnnouncement, ToolDefinition
-
-
-async def live_announcements(redis: Redis, now: float | None = None) -> list[ToolAnnouncement]:
-    """Unexpired announcements; expired or undecodable entries are removed."""
-    now = time.time() if now is None else now
-    entries = await redis.hgetall(keys.tool_registry())
-    live: list[ToolAnnouncement] = []
-    stale: list[bytes | str] = []
-    for instance, blob in entries.items():
-        try:
-            announcement = decode(
-                blob if isinstance(blob, bytes) else blob.encode(), ToolAnnouncement
-            )
-        except DecodeError:
-            stale.append(instance)
-            continue
-        if announcement.expires_at < now:
-            stale.append(instance)
-        else:
-            live.append(announcement)
-    if stale:
-        await redis.hdel(keys.tool_registry(), *stale)
-    return live
-
-
-async def live_tools(redis: Redis, now: float | None = None) -> dict[str, ToolDefinition]:
-    """Tool name → definition, for every tool a live instance serves."""
-    tools: dict[str, ToolDefinition] = {}
-    for announcement in await live_announcements(redis, now):
-        for definition in announcement.tools:
-            tools.setdefault(definition.name, definition)
-    return tools
+from contracts.tools import ToolDefinition
+from tool_services.registry import live_tools
 
 
 class RegistryCatalog:

@@ -107,6 +107,7 @@ class Consumer:
                     mandatory=False,
                 )
             elif isinstance(action, Busy):
+                log.debug("session busy; retrying %s later", message.message_id)
                 await self._retry(message, headers, attempt_failed=False)
             elif isinstance(action, Drop):
                 log.debug("dropping work: %s", action.reason)

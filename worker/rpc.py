@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
+import uuid
 from typing import Any
 
 import aio_pika
@@ -43,7 +46,9 @@ class ToolRPC:
         self.exchange = await self.channel.declare_exchange(
             TOOLS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
         )
-        self.queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        # A named queue (not server-named): a robust connection re-declares it after a reconnect.
+        name = f"loopwire.replies.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self.queue = await self.channel.declare_queue(name, exclusive=True, auto_delete=True)
         await self.queue.consume(self._on_reply, no_ack=True)
 
     async def call(self, request: ToolCallRequest, definition: ToolDefinition) -> ToolCallReply:
@@ -58,7 +63,7 @@ class ToolRPC:
             expiration=expiration_ms / 1000,
             headers={H_IDEMPOTENCY_KEY: key},
             content_type=CONTENT_TYPE,
-            message_id=key,
+            message_id=f"{key}:{uuid.uuid4().hex[:8]}",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
         future: asyncio.Future[ToolCallReply] = asyncio.get_running_loop().create_future()

@@ -42,6 +42,10 @@ class Settings(BaseSettings):
 
     amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL.")
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
+    reconnect_interval_s: float = Field(
+        default=1.0, gt=0, le=60, description="Delay between AMQP reconnects."
+    )
+    redis_timeout_s: float = Field(default=5.0, gt=0, le=60, description="Redis socket timeout.")
     redis_max_connections: int = Field(default=200, ge=1, description="Redis connection pool size.")
     prefetch: int = Field(
         default=64, ge=1, le=10_000, description="Turn work messages in flight per worker."
@@ -65,6 +69,7 @@ class Settings(BaseSettings):
     grace_s: float = Field(
         default=25.0, gt=0, description="SIGTERM: time to finish the steps in hand."
     )
+    log_level: str = Field(default="INFO", description="Logging level of the worker process.")
     http_port: int = Field(
         default=9464, ge=0, le=65535, description="Port of /metrics, /livez, /readyz (0: off)."
     )

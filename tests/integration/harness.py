@@ -22,6 +22,7 @@ import aio_pika
 import aiohttp
 from aio_pika.abc import AbstractIncomingMessage
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError
 
 from contracts import keys
 from contracts import topology as t
@@ -56,13 +57,18 @@ class WorkerProcess:
     """``python -m worker`` in a subprocess, ready when its /readyz answers 200."""
 
     def __init__(
-        self, *, model_url: str, agents_file: Path, extra_env: dict[str, str] | None = None
+        self,
+        *,
+        model_url: str,
+        agents_file: Path,
+        extra_env: dict[str, str] | None = None,
+        redis_url: str = REDIS_URL,
     ) -> None:
         self.port = free_port()
         self.env = {
             **os.environ,
             "LOOPWIRE_AMQP_URL": AMQP_URL,
-            "LOOPWIRE_REDIS_URL": REDIS_URL,
+            "LOOPWIRE_REDIS_URL": redis_url,
             "LOOPWIRE_MODEL__BASE_URL": model_url,
             "LOOPWIRE_MODEL__MAX_RETRIES": "0",
             "LOOPWIRE_AGENTS_FILE": str(agents_file),
@@ -70,6 +76,7 @@ class WorkerProcess:
             "LOOPWIRE_BUSY_RETRY_S": "0.2",
             "LOOPWIRE_LEASE_TTL_S": "3",
             "LOOPWIRE_TOOLS_CACHE_S": "0",
+            "LOOPWIRE_LOG_LEVEL": "DEBUG",
             **(extra_env or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None
@@ -143,20 +150,33 @@ class CountingToolService:
     It counts executions per idempotency key and answers repeated keys from its store,
     as the SDK's services do."""
 
-    def __init__(self, name: str, body: ToolBody, *, idempotent: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        body: ToolBody,
+        *,
+        idempotent: bool = True,
+        timeout_s: float = 10,
+        redis_url: str = REDIS_URL,
+        announce: bool = True,
+        bind: bool = True,
+    ) -> None:
         self.name = name
         self.body = body
         self.definition = ToolDefinition(
             name=name,
             description=f"test tool {name}",
             parameters={"type": "object", "properties": {"q": {"type": "string"}}},
-            timeout_s=10,
+            timeout_s=timeout_s,
             idempotent=idempotent,
         )
+        self.announce_enabled = announce
+        self.bind = bind
+        self.in_flight: dict[str, asyncio.Future[ToolCallReply]] = {}
         self.executions: Counter[str] = Counter()
         self.received: list[ToolCallRequest] = []
         self.replies: dict[str, ToolCallReply] = {}
-        self.redis = Redis.from_url(REDIS_URL)
+        self.redis = Redis.from_url(redis_url)
         self.instance = f"test-{uuid.uuid4().hex[:8]}"
         self.connection: aio_pika.abc.AbstractRobustConnection | None = None
         self.call_started = asyncio.Event()
@@ -164,6 +184,11 @@ class CountingToolService:
     async def start(self) -> None:
         self.connection = await aio_pika.connect_robust(AMQP_URL)
         channel = await self.connection.channel()
+        self.channel = channel
+        if self.announce_enabled:
+            await self.announce()
+        if not self.bind:
+            return
         exchange = await channel.declare_exchange(
             t.TOOLS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
         )
@@ -171,9 +196,7 @@ class CountingToolService:
             t.tool_queue(self.name), durable=True, arguments={"x-queue-type": "quorum"}
         )
         await queue.bind(exchange, routing_key=self.name)
-        self.channel = channel
         await queue.consume(self._on_call)
-        await self.announce()
 
     async def announce(self) -> None:
         now = time.time()
@@ -191,7 +214,11 @@ class CountingToolService:
         self.received.append(request)
         key = request.context.idempotency_key
         reply = self.replies.get(key)
+        if reply is None and key in self.in_flight:
+            reply = await self.in_flight[key]  # a duplicate of a call still running: not run twice
         if reply is None:
+            future: asyncio.Future[ToolCallReply] = asyncio.get_running_loop().create_future()
+            self.in_flight[key] = future
             self.executions[key] += 1
             self.call_started.set()
             try:
@@ -200,6 +227,7 @@ class CountingToolService:
             except Exception as exc:
                 reply = ToolCallReply(call_id=request.call_id, status="error", error=str(exc))
             self.replies[key] = reply
+            future.set_result(reply)
         await self.channel.default_exchange.publish(
             aio_pika.Message(
                 encode(reply),
@@ -212,10 +240,14 @@ class CountingToolService:
         await message.ack()
 
     async def stop(self) -> None:
-        await self.redis.hdel(keys.tool_registry(), self.instance)
+        try:
+            await self.redis.hdel(keys.tool_registry(), self.instance)
+        except ConnectionError:  # the server restarted under this connection: once more
+            await self.redis.hdel(keys.tool_registry(), self.instance)
         if self.connection is not None:
-            channel = await self.connection.channel()
-            await channel.queue_delete(t.tool_queue(self.name))
+            if self.bind:
+                channel = await self.connection.channel()
+                await channel.queue_delete(t.tool_queue(self.name))
             await self.connection.close()
         await self.redis.aclose()
 
@@ -278,3 +310,14 @@ def assert_valid_transcript(messages: list[Any]) -> None:
         )
         assert results == expected, f"results {results} do not match calls {expected}"
         i += len(expected)
+
+
+async def session_history(session_id: str, redis_url: str = REDIS_URL) -> list[Any]:
+    """The session's stored history, as the worker wrote it."""
+    from worker.store import RedisStore
+
+    redis = Redis.from_url(redis_url)
+    try:
+        return await RedisStore(redis).history(session_id)
+    finally:
+        await redis.aclose()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aio_pika
@@ -17,47 +16,14 @@ from contracts.codec import encode_obj
 from contracts.tools import ToolCallRequest
 from contracts.turns import InputMessage, TurnRequest
 from harness import (
-    AMQP_URL,
     CountingToolService,
     EventRecorder,
     WorkerProcess,
-    reset_topology,
     write_agents,
 )
 from worker.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def topology() -> None:
-    await reset_topology()
-
-
-@pytest.fixture
-async def lookup() -> AsyncIterator[CountingToolService]:
-    async def body(request: ToolCallRequest) -> object:
-        q = str(request.arguments.get("q", ""))
-        return {"results": [f"found {q}"]} if q != "nothing" else {"results": []}
-
-    service = CountingToolService(f"lookup_{uuid.uuid4().hex[:8]}", body)
-    await service.start()
-    yield service
-    await service.stop()
-
-
-@pytest.fixture
-async def events() -> AsyncIterator[EventRecorder]:
-    recorder = EventRecorder()
-    await recorder.start()
-    yield recorder
-    await recorder.stop()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[LoopwireClient]:
-    async with LoopwireClient(AMQP_URL) as c:
-        yield c
 
 
 def start_worker(

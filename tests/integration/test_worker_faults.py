@@ -3,58 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from contracts.client import LoopwireClient, TurnHandle, new_id
-from contracts.tools import ToolCallRequest
 from harness import (
-    AMQP_URL,
-    REDIS_URL,
     CountingToolService,
     EventRecorder,
     WorkerProcess,
     assert_valid_transcript,
-    reset_topology,
+    session_history,
     write_agents,
 )
 from worker.scripted_model import Reply, ScriptedModel
-from worker.store import RedisStore
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def lookup() -> AsyncIterator[CountingToolService]:
-    await reset_topology()
-
-    async def body(request: ToolCallRequest) -> object:
-        return {"results": [f"found {request.arguments.get('q')}"]}
-
-    service = CountingToolService(f"lookup_{uuid.uuid4().hex[:8]}", body)
-    await service.start()
-    yield service
-    await service.stop()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[LoopwireClient]:
-    async with LoopwireClient(AMQP_URL) as c:
-        yield c
-
-
-async def history(session_id: str) -> list[Any]:
-    redis = Redis.from_url(REDIS_URL)
-    try:
-        return await RedisStore(redis).history(session_id)
-    finally:
-        await redis.aclose()
 
 
 async def wait_exit(worker: WorkerProcess, timeout: float = 20.0) -> int:
@@ -101,7 +67,7 @@ async def test_killed_worker_step_is_redone_by_another(
     assert result.content == "Refunds take 5 days."
     assert sum(lookup.executions.values()) == 1, "a tool ran twice"
     assert len(scripted_model.requests) == 2, "a saved model response was requested again"
-    messages = await history(session)
+    messages = await session_history(session)
     assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
     assert_valid_transcript(messages)
     assert survivor.errors() == []
@@ -154,7 +120,7 @@ async def test_many_turns_over_two_workers_keep_session_order(
     for session in sessions:
         order = [e.turn_id for e in recorder.events if e.session_id == session]
         assert order == [h.turn_id for h in handles[session]], "turns of a session ran out of order"
-        messages = await history(session)
+        messages = await session_history(session)
         users = [m.content for m in messages if m.role == "user"]
         assert users == [f"{session[:6]} question {turn}" for turn in range(5)]
         assert_valid_transcript(messages)

@@ -1,0 +1,212 @@
+"""Fixtures for integration tests against the real RabbitMQ and Redis.
+
+Nothing here skips: when RabbitMQ or Redis is down, every test that needs them
+fails with a message saying which one. Every test uses its own names (a uuid
+suffix) and removes the queues, Redis keys and registry entries it created;
+nothing is flushed, so tests can share the servers with other suites.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+from redis.asyncio import Redis
+from support_rpc import AMQP_URL, REDIS_URL, RpcCaller, drop_announcements, service_settings
+
+from contracts.client import LoopwireClient
+from contracts.tools import ToolCallRequest
+from contracts.topology import tool_queue
+from harness import AMQP_URL as WORKER_AMQP_URL
+from harness import CountingToolService, EventRecorder, reset_topology
+from tool_services.sdk import ToolService
+from tool_services.server import ToolServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+async def redis(uid: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(REDIS_URL)
+    try:
+        await client.ping()
+    except Exception as exc:
+        await client.aclose()
+        pytest.fail(f"Redis is not reachable at {REDIS_URL}: {exc!r}")
+    try:
+        yield client
+    finally:
+        # Keys of the test: its turn ids are t-<uid>..., its session ids s-<uid>.
+        for pattern in (f"lw:toolcall:{{t-{uid}*", f"lw:test:{uid}:*", f"lw:{{s-{uid}}}:*"):
+            async for key in client.scan_iter(match=pattern):
+                await client.delete(key)
+        await drop_announcements(client, lambda a: uid in a.service)
+        await client.aclose()
+
+
+@pytest.fixture
+async def amqp() -> AsyncIterator[AbstractRobustConnection]:
+    try:
+        connection = await aio_pika.connect_robust(AMQP_URL, reconnect_interval=1)
+    except Exception as exc:
+        pytest.fail(f"RabbitMQ is not reachable at {AMQP_URL}: {exc!r}")
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
+async def caller(amqp: AbstractRobustConnection) -> AsyncIterator[RpcCaller]:
+    rpc = RpcCaller(amqp)
+    await rpc.start()
+    try:
+        yield rpc
+    finally:
+        await rpc.close()
+
+
+@pytest.fixture
+async def queues(amqp: AbstractRobustConnection) -> AsyncIterator[list[str]]:
+    """Names of tool queues the test caused to exist; deleted at teardown."""
+    names: list[str] = []
+    yield names
+    channel = await amqp.channel()
+    try:
+        for name in names:
+            await channel.queue_delete(name)
+    finally:
+        await channel.close()
+
+
+ServeFn = Callable[..., Awaitable[ToolServer]]
+
+
+@pytest.fixture
+async def serve(queues: list[str], redis: Redis) -> AsyncIterator[ServeFn]:
+    """``await serve(service, **tool_settings)``: a started in-process ``ToolServer``."""
+    servers: list[ToolServer] = []
+
+    async def start(service: ToolService, **tools: Any) -> ToolServer:
+        queues.extend(tool_queue(name) for name in service.tools)
+        server = ToolServer(service, service_settings(**tools))
+        await server.start()
+        servers.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            await server.stop()
+
+
+class Spawned:
+    """A tool service running as a subprocess (``python -m <module>``)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.process.send_signal(sig)
+
+    async def wait(self, timeout: float = 30) -> int:
+        async with asyncio.timeout(timeout):
+            return await self.process.wait()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+SpawnFn = Callable[..., Awaitable[Spawned]]
+
+
+@pytest.fixture
+async def spawn(tmp_path: Path, queues: list[str]) -> AsyncIterator[SpawnFn]:
+    """``await spawn(module, tool=..., env={...})``: start a tool service subprocess."""
+    spawned: list[Spawned] = []
+
+    async def start(module: str, *, tool: str, env: dict[str, str]) -> Spawned:
+        queues.append(tool_queue(tool))
+        log = tmp_path / f"service-{len(spawned)}.log"
+        full_env = {
+            **os.environ,
+            "LOOPWIRE_AMQP_URL": AMQP_URL,
+            "LOOPWIRE_REDIS_URL": REDIS_URL,
+            **env,
+        }
+        with log.open("wb") as sink:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                module,
+                cwd=REPO,
+                env=full_env,
+                stdout=sink,
+                stderr=sink,
+            )
+        child = Spawned(process, log)
+        spawned.append(child)
+        return child
+
+    try:
+        yield start
+    finally:
+        for child in spawned:
+            if child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
+            await child.process.wait()
+
+
+# -- fixtures of the distributed-worker tests -------------------------------------------------
+
+
+@pytest.fixture
+async def topology() -> None:
+    """The topology declared and the turn queues empty, so no earlier test's work leaks in."""
+    await reset_topology()
+
+
+@pytest.fixture
+async def client(topology: None) -> AsyncIterator[LoopwireClient]:
+    async with LoopwireClient(WORKER_AMQP_URL) as c:
+        yield c
+
+
+@pytest.fixture
+async def lookup() -> AsyncIterator[CountingToolService]:
+    """A search-like tool: ``{"results": ["found <q>"]}``, empty for q == "nothing"."""
+
+    async def body(request: ToolCallRequest) -> object:
+        q = str(request.arguments.get("q", ""))
+        return {"results": [f"found {q}"]} if q != "nothing" else {"results": []}
+
+    service = CountingToolService(f"lookup_{uuid.uuid4().hex[:8]}", body)
+    await service.start()
+    yield service
+    await service.stop()
+
+
+@pytest.fixture
+async def events() -> AsyncIterator[EventRecorder]:
+    recorder = EventRecorder()
+    await recorder.start()
+    yield recorder
+    await recorder.stop()

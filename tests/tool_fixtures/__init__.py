@@ -1,0 +1,1 @@
+"""Tool services the integration tests run as subprocesses."""

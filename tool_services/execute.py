@@ -1,0 +1,114 @@
+"""Run one tool function for one request and turn every outcome into a ``ToolCallReply``.
+
+Nothing escapes but cancellation: invalid arguments, an exception, a timeout
+(the tool's ``timeout_s`` or the call's deadline, whichever comes first) and a
+value that cannot travel (not JSON-able, too large) all become an ``error``
+reply with a readable message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from contracts.codec import MAX_MESSAGE_BYTES, encode
+from contracts.tools import ToolCallReply, ToolCallRequest
+from tool_services.sdk import CallContext, Tool, ToolError, ToolResult
+
+log = logging.getLogger("loopwire.tool_services")
+
+MAX_ERROR_CHARS: Final = 16_000
+
+
+async def run_tool(
+    tool: Tool,
+    request: ToolCallRequest,
+    ctx: CallContext,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> ToolCallReply:
+    """Validate the arguments, run the function under its time budget, build the reply."""
+    try:
+        args = tool.args_model.model_validate(request.arguments)
+    except ValidationError as exc:
+        return error_reply(request.call_id, f"invalid arguments: {describe_errors(exc)}")
+    remaining = ctx.deadline - clock()
+    budget = min(tool.timeout_s, remaining)
+    if budget <= 0:
+        return error_reply(request.call_id, "the call's deadline passed before the tool ran")
+    try:
+        async with asyncio.timeout(budget) as scope:
+            result = await tool.fn(args, ctx)
+    except TimeoutError:
+        if not scope.expired():
+            log.exception("tool %s raised TimeoutError (call %s)", tool.name, request.call_id)
+            return error_reply(request.call_id, "TimeoutError raised by the tool")
+        if budget < tool.timeout_s:
+            message = f"the call's deadline passed after {budget:.3g}s"
+        else:
+            message = f"timed out after {tool.timeout_s:g}s"
+        return error_reply(request.call_id, message)
+    except ToolError as exc:
+        return error_reply(request.call_id, str(exc) or "the tool failed")
+    except Exception as exc:
+        log.exception("tool %s failed (call %s)", tool.name, request.call_id)
+        return error_reply(request.call_id, f"{type(exc).__name__}: {exc}")
+    return ok_reply(request.call_id, result)
+
+
+def ok_reply(call_id: str, result: Any) -> ToolCallReply:
+    value, updates = (
+        (result.value, dict(result.state_updates))
+        if isinstance(result, ToolResult)
+        else (result, {})
+    )
+    try:
+        return ToolCallReply(call_id=call_id, status="ok", value=value, state_updates=updates)
+    except ValidationError as exc:
+        return error_reply(
+            call_id, f"the tool returned invalid state updates: {describe_errors(exc)}"
+        )
+
+
+def error_reply(call_id: str, message: str, *, status: str = "error") -> ToolCallReply:
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[: MAX_ERROR_CHARS - 1] + "…"
+    return ToolCallReply.model_validate(
+        {"call_id": call_id, "status": status, "error": message or "error"}
+    )
+
+
+def encode_reply(reply: ToolCallReply) -> bytes:
+    """msgpack of the reply; a value that cannot travel becomes an error reply instead."""
+    try:
+        body = encode(reply)
+    except Exception as exc:
+        log.warning("reply of call %s cannot be encoded: %s", reply.call_id, exc)
+        return encode(
+            error_reply(reply.call_id, f"the tool returned a value that is not JSON-able: {exc}")
+        )
+    if len(body) > MAX_MESSAGE_BYTES:
+        return encode(
+            error_reply(
+                reply.call_id,
+                f"the tool's result is {len(body)} bytes; the limit is {MAX_MESSAGE_BYTES}",
+            )
+        )
+    return body
+
+
+def describe_errors(exc: ValidationError, limit: int = 5) -> str:
+    """``"query: Field required; limit: Input should be a valid integer"``."""
+    errors = exc.errors(include_url=False, include_input=False)
+    parts = [
+        f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+        for err in errors[:limit]
+    ]
+    if len(errors) > limit:
+        parts.append(f"and {len(errors) - limit} more")
+    return "; ".join(parts)

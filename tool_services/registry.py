@@ -1,0 +1,136 @@
+"""Discovery: tool service instances announce their tools in Redis; workers read the live ones.
+
+Each instance writes ``HSET keys.tool_registry() <instance_id> <msgpack
+ToolAnnouncement>`` when it starts and every ``announce_interval_s``, with
+``expires_at = now + announce_ttl_s``, and ``HDEL``s its field on a clean
+shutdown. An instance that died simply stops refreshing: its announcement
+expires and its tools are no longer offered. An instance whose AMQP connection
+is down skips its heartbeat for the same reason.
+
+Workers call ``live_tools(redis)`` (a client with ``decode_responses=False``,
+the default, is expected; a decoding client works as long as the entries are
+valid UTF-8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from redis.asyncio import Redis
+
+from contracts import keys
+from contracts.codec import DecodeError, decode, encode
+from contracts.tools import ToolAnnouncement, ToolDefinition
+
+log = logging.getLogger("loopwire.tool_services")
+
+_DROP_IF_UNCHANGED: Final = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+async def live_tools(redis: Redis, now: float | None = None) -> dict[str, ToolDefinition]:
+    """Tool name → definition for every tool announced by an unexpired instance.
+
+    Expired and undecodable entries are removed (only if nobody rewrote them
+    meanwhile). When instances disagree about a tool (a rolling deploy), the
+    definition of the most recent announcement wins.
+    """
+    now = time.time() if now is None else now
+    registry = keys.tool_registry()
+    entries: dict[Any, Any] = await redis.hgetall(registry)
+    newest: dict[str, tuple[float, ToolDefinition]] = {}
+    stale: list[tuple[Any, Any]] = []
+    for instance, blob in entries.items():
+        raw = blob if isinstance(blob, bytes) else str(blob).encode()  # decode_responses=True
+        try:
+            announcement = decode(raw, ToolAnnouncement)
+        except DecodeError:
+            log.warning("dropping an undecodable tool announcement of %r", instance)
+            stale.append((instance, blob))
+            continue
+        if announcement.expires_at <= now:
+            stale.append((instance, blob))
+            continue
+        for definition in announcement.tools:
+            seen = newest.get(definition.name)
+            if seen is None or announcement.announced_at > seen[0]:
+                newest[definition.name] = (announcement.announced_at, definition)
+    if stale:
+        drop = redis.register_script(_DROP_IF_UNCHANGED)
+        for instance, blob in stale:
+            await drop(keys=[registry], args=[instance, blob])
+    return {name: definition for name, (_, definition) in sorted(newest.items())}
+
+
+class Announcer:
+    """Keeps one instance's announcement fresh until stopped."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        service: str,
+        instance_id: str,
+        tools: Sequence[ToolDefinition],
+        interval_s: float,
+        ttl_s: float,
+        healthy: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.redis = redis
+        self.service = service
+        self.instance_id = instance_id
+        self.tools = tuple(tools)
+        self.interval_s = interval_s
+        self.ttl_s = ttl_s
+        self.healthy = healthy
+        self.clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    async def announce(self) -> None:
+        now = self.clock()
+        announcement = ToolAnnouncement(
+            service=self.service,
+            instance_id=self.instance_id,
+            tools=self.tools,
+            announced_at=now,
+            expires_at=now + self.ttl_s,
+        )
+        await self.redis.hset(keys.tool_registry(), self.instance_id, encode(announcement))
+
+    async def start(self) -> None:
+        """Announce now (failing loudly) and keep announcing in the background."""
+        await self.announce()
+        self._task = asyncio.create_task(self._run(), name=f"announce:{self.instance_id}")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if not self.healthy():
+                log.warning("not announcing %s: the broker connection is down", self.instance_id)
+                continue
+            try:
+                await self.announce()
+            except Exception as exc:
+                log.warning("announcing %s failed: %s", self.instance_id, exc)
+
+    async def stop(self) -> None:
+        """Stop the heartbeat and withdraw the announcement."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            await self.redis.hdel(keys.tool_registry(), self.instance_id)
+        except Exception as exc:
+            log.warning("withdrawing the announcement of %s failed: %s", self.instance_id, exc)

@@ -1,0 +1,453 @@
+"""One running tool service instance: consume tool calls from RabbitMQ, run them, reply.
+
+Topology (``contracts.topology``): the direct exchange ``loopwire.tools``
+(durable) and, per tool, a durable quorum queue ``loopwire.tool.<name>`` bound
+with the tool's name as routing key. Declarations are idempotent.
+
+One delivery, start to end:
+
+1. Undecodable body: log, reply an ``error`` if ``reply_to`` and a usable
+   ``correlation_id`` are present, ack. Nothing a caller sends kills the service.
+2. Deadline (``context.deadline``) already past: log, ack, do not run, no reply.
+3. Under the concurrency semaphore, ``CallStore.claim`` the idempotency key
+   (``context.idempotency_key``): a stored reply is sent again; a call running
+   elsewhere is awaited (polling for its stored reply until the deadline); an
+   orphaned non-idempotent call gets an ``unknown`` reply; otherwise the tool
+   runs while its lease is renewed.
+4. The reply (msgpack ``ToolCallReply``) is stored, then published to the
+   default exchange with routing key ``reply_to``, the request's
+   ``correlation_id`` and the ``idempotency-key`` header echoed; only then is
+   the request acked. If the connection drops first, the broker redelivers the
+   request and the stored reply is sent.
+
+Concurrency: channel prefetch = ``concurrency`` (RabbitMQ applies it per
+consumer, i.e. per tool) plus one semaphore shared by every tool of the instance.
+
+Shutdown: cancel the consumers, withdraw the announcement, requeue deliveries
+that have not started, let running calls finish within ``grace_s``, cancel the
+rest (unacked, so redelivered), close the connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+from pydantic import ValidationError
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from contracts.codec import DecodeError, decode
+from contracts.tools import ToolCallReply, ToolCallRequest, idempotency_key
+from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
+from tool_services.calls import CallStore, Claim, ClaimKind
+from tool_services.execute import encode_reply, error_reply, run_tool
+from tool_services.registry import Announcer
+from tool_services.sdk import CallContext, Tool, ToolService
+from tool_services.settings import Settings
+
+log = logging.getLogger("loopwire.tool_services")
+
+
+class Verdict(enum.Enum):
+    DROP = "drop"
+    """Ack without a reply (deadline passed, or nobody to answer)."""
+    REQUEUE = "requeue"
+    """Give the delivery back to the broker (shutting down)."""
+
+
+def new_instance_id(service: str) -> str:
+    return f"{service}-{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class ToolServer:
+    """Serves one ``ToolService``. ``await start()``, later ``await stop()``."""
+
+    def __init__(
+        self,
+        service: ToolService,
+        settings: Settings,
+        *,
+        instance_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not service.tools:
+            raise ValueError(f"service {service.name!r} has no tools")
+        self.service = service
+        self.settings = settings
+        self.config = settings.tools
+        self.instance_id = instance_id or new_instance_id(service.name)
+        self.clock = clock
+        self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._queued: set[asyncio.Task[Any]] = set()
+        """Deliveries waiting for a free slot: handed back to the broker at once on stop."""
+        self._consumers: list[tuple[AbstractQueue, str]] = []
+        self._stopping = False
+        self._redis: Redis | None = None
+        self._connection: AbstractRobustConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._calls: CallStore | None = None
+        self._announcer: Announcer | None = None
+
+    @property
+    def waiting_for_slot(self) -> int:
+        """Deliveries received but waiting for one of the ``concurrency`` slots."""
+        return len(self._queued)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, declare the topology, announce the tools, start consuming."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._close()
+            raise
+
+    async def _start(self) -> None:
+        pool = BlockingConnectionPool.from_url(
+            self.settings.redis_url, max_connections=2 * self.config.concurrency + 16, timeout=10
+        )
+        self._redis = Redis.from_pool(pool)
+        await self._redis.ping()
+        self._calls = CallStore(
+            self._redis,
+            instance_id=self.instance_id,
+            lease_ms=self.config.lease_ms,
+            ttl_s=self.config.idempotency_ttl_s,
+        )
+        self._connection = await aio_pika.connect_robust(
+            self.settings.amqp_url, client_properties={"connection_name": self.instance_id}
+        )
+        self._channel = await self._connection.channel(publisher_confirms=True)
+        await self._channel.set_qos(prefetch_count=self.config.concurrency)
+        exchange = await self._channel.declare_exchange(
+            TOOLS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
+        )
+        queues = []
+        for name in self.service.tools:
+            queue = await self._channel.declare_queue(
+                tool_queue(name), durable=True, arguments={"x-queue-type": "quorum"}
+            )
+            await queue.bind(exchange, routing_key=name)
+            queues.append(queue)
+        connection = self._connection
+        self._announcer = Announcer(
+            self._redis,
+            service=self.service.name,
+            instance_id=self.instance_id,
+            tools=self.service.definitions(),
+            interval_s=self.config.announce_interval_s,
+            ttl_s=self.config.announce_ttl_s,
+            healthy=lambda: connection.connected.is_set(),
+            clock=self.clock,
+        )
+        for queue in queues:
+            tag = await queue.consume(self._on_message)
+            self._consumers.append((queue, tag))
+        await self._announcer.start()
+        log.info(
+            "tool service %s (%s) serving %s",
+            self.service.name,
+            self.instance_id,
+            ", ".join(self.service.tools),
+        )
+
+    async def stop(self) -> bool:
+        """Stop consuming, drain within ``grace_s``; True when every running call finished."""
+        if self._stopping:
+            return True
+        self._stopping = True
+        for queue, tag in self._consumers:
+            with contextlib.suppress(Exception):
+                await queue.cancel(tag)
+        self._consumers.clear()
+        for task in list(self._queued):
+            task.cancel()
+        if self._announcer is not None:
+            await self._announcer.stop()
+        drained = True
+        if self._tasks:
+            log.info(
+                "draining %d in-flight call(s) for up to %gs", len(self._tasks), self.config.grace_s
+            )
+            _, pending = await asyncio.wait(set(self._tasks), timeout=self.config.grace_s)
+            if pending:
+                drained = False
+                log.warning(
+                    "cancelling %d call(s) still running after the grace period", len(pending)
+                )
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+        await self._close()
+        await self.service.shutdown()
+        return drained
+
+    async def _close(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()
+            self._connection = None
+            self._channel = None
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                await self._redis.aclose()
+            self._redis = None
+
+    # -- one delivery ----------------------------------------------------------------------
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await self._handle(message)
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
+        try:
+            outcome = await self._process(message)
+            if outcome is Verdict.REQUEUE:
+                await message.nack(requeue=True)
+                return
+            if isinstance(outcome, bytes):
+                await self._publish_reply(message, outcome)
+            await message.ack()
+        except asyncio.CancelledError:
+            if self._stopping:  # not started yet, or past the grace period: another instance's
+                with contextlib.suppress(Exception):
+                    await message.nack(requeue=True)
+            raise
+        except Exception:
+            # Connection lost: the broker redelivers by itself and the stored reply is sent
+            # then. Anything else would fail again: drop the delivery instead of looping.
+            log.exception("could not reply to call %s; dropping it", message.correlation_id)
+            with contextlib.suppress(Exception):
+                await message.reject(requeue=False)
+
+    async def _process(self, message: AbstractIncomingMessage) -> bytes | Verdict:
+        if self._stopping:
+            return Verdict.REQUEUE
+        try:
+            request = decode(message.body, ToolCallRequest)
+        except DecodeError as exc:
+            log.warning(
+                "undecodable tool call on %s (correlation id %r): %s",
+                message.routing_key,
+                message.correlation_id,
+                exc.reason,
+            )
+            return _undecodable_reply(message, exc)
+        tool = self.service.tools.get(request.tool)
+        if tool is None:
+            return encode_reply(
+                error_reply(request.call_id, f"this service does not serve tool {request.tool!r}")
+            )
+        if self._expired(request):
+            log.warning(
+                "dropping call %s of %s: its deadline passed %.3fs ago",
+                request.call_id,
+                tool.name,
+                self.clock() - request.context.deadline,
+            )
+            return Verdict.DROP
+        return await self._resolve(request, tool)
+
+    def _expired(self, request: ToolCallRequest) -> bool:
+        return self.clock() >= request.context.deadline
+
+    async def _resolve(self, request: ToolCallRequest, tool: Tool) -> bytes | Verdict:
+        """Claim the call and run it, or answer from (or wait for) its stored reply."""
+        calls = self._calls
+        assert calls is not None
+        key = request.context.idempotency_key or idempotency_key(
+            request.context.turn_id, request.call_id
+        )
+        try:
+            while True:
+                if not await self._acquire_slot():
+                    return Verdict.REQUEUE
+                try:
+                    if self._expired(request):
+                        log.warning(
+                            "dropping call %s: deadline passed while it waited", request.call_id
+                        )
+                        return Verdict.DROP
+                    claim = await calls.claim(key, idempotent=tool.idempotent)
+                    if claim.owns:
+                        return await self._run_owned(request, tool, claim)
+                finally:
+                    self._slots.release()
+                if claim.kind is ClaimKind.DONE:
+                    assert claim.reply is not None
+                    log.info("call %s (%s) answered from its stored reply", request.call_id, key)
+                    return _readdressed(claim.reply, request.call_id)
+                if claim.kind is ClaimKind.ORPHANED:
+                    return await self._answer_orphan(request, tool, claim)
+                await asyncio.sleep(self.config.duplicate_poll_s)
+        except Exception as exc:  # Redis unreachable: answer instead of losing the call
+            log.exception("cannot check call %s against its stored reply", request.call_id)
+            return encode_reply(
+                error_reply(request.call_id, f"the tool service cannot reach its store: {exc}")
+            )
+
+    async def _acquire_slot(self) -> bool:
+        """Wait for one of the ``concurrency`` slots; False when the service is stopping."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._queued.add(task)
+        try:
+            if self._stopping:
+                return False
+            await self._slots.acquire()
+        finally:
+            if task is not None:
+                self._queued.discard(task)
+        if self._stopping:
+            self._slots.release()
+            return False
+        return True
+
+    async def _answer_orphan(self, request: ToolCallRequest, tool: Tool, claim: Claim) -> bytes:
+        calls = self._calls
+        assert calls is not None
+        log.warning(
+            "call %s of non-idempotent %s was interrupted (owner %s died): replying unknown",
+            request.call_id,
+            tool.name,
+            claim.owner,
+        )
+        reply = encode_reply(
+            error_reply(
+                request.call_id,
+                f"the tool {tool.name!r} was interrupted while running; it may or may not have "
+                "taken effect, and it is not idempotent, so it was not run again",
+                status="unknown",
+            )
+        )
+        earlier = await calls.store(claim.key, reply, "unknown")
+        return _readdressed(earlier, request.call_id) if earlier is not None else reply
+
+    async def _run_owned(self, request: ToolCallRequest, tool: Tool, claim: Claim) -> bytes:
+        calls = self._calls
+        assert calls is not None and self._redis is not None
+        if claim.kind is ClaimKind.TAKEOVER:
+            log.warning(
+                "call %s of %s: owner %s died, running it again",
+                request.call_id,
+                tool.name,
+                claim.owner,
+            )
+        ctx = CallContext(
+            call_id=request.call_id,
+            tool=tool.name,
+            session_id=request.context.session_id,
+            turn_id=request.context.turn_id,
+            agent=request.context.agent,
+            metadata=request.context.metadata,
+            deadline=request.context.deadline,
+            idempotency_key=claim.key,
+            redis=self._redis,
+            takeover=claim.kind is ClaimKind.TAKEOVER,
+        )
+        keeper = asyncio.create_task(self._keep_lease(claim), name=f"lease:{claim.key}")
+        started = time.monotonic()
+        try:
+            reply = await run_tool(tool, request, ctx, clock=self.clock)
+        except asyncio.CancelledError:
+            keeper.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(calls.release(claim, forget_owner=tool.idempotent))
+            raise
+        finally:
+            keeper.cancel()
+        log.info(
+            "call %s of %s: %s in %.3fs",
+            request.call_id,
+            tool.name,
+            reply.status,
+            time.monotonic() - started,
+        )
+        body = encode_reply(reply)
+        try:
+            earlier = await calls.store(claim.key, body, reply.status, token=claim.token)
+        except Exception:
+            log.exception(
+                "could not store the reply of call %s; sending it anyway", request.call_id
+            )
+            return body
+        if earlier is not None:
+            log.warning("call %s already had a stored reply; sending that one", request.call_id)
+            return _readdressed(earlier, request.call_id)
+        return body
+
+    async def _keep_lease(self, claim: Claim) -> None:
+        calls = self._calls
+        assert calls is not None
+        while True:
+            await asyncio.sleep(self.config.lease_refresh_s)
+            try:
+                if not await calls.refresh(claim):
+                    log.warning("lost the lease of call %s to another instance", claim.key)
+                    return
+            except Exception as exc:
+                log.warning("could not renew the lease of call %s: %s", claim.key, exc)
+
+    async def _publish_reply(self, message: AbstractIncomingMessage, body: bytes) -> None:
+        if not message.reply_to:
+            log.warning("call %s has no reply_to; reply stored only", message.correlation_id)
+            return
+        channel = self._channel
+        if channel is None:
+            raise RuntimeError("the channel is closed")
+        headers: dict[str, Any] = {}
+        key = (message.headers or {}).get(H_IDEMPOTENCY_KEY)
+        if isinstance(key, str | bytes):
+            headers[H_IDEMPOTENCY_KEY] = key
+        reply = aio_pika.Message(
+            body,
+            correlation_id=message.correlation_id,
+            content_type=CONTENT_TYPE,
+            headers=headers,
+            delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
+        )
+        await channel.default_exchange.publish(reply, routing_key=message.reply_to, mandatory=False)
+
+
+def _readdressed(stored: bytes, call_id: str) -> bytes:
+    """A stored reply, addressed to this request's call id (a new worker may use another)."""
+    try:
+        reply = decode(stored, ToolCallReply)
+    except DecodeError as exc:
+        return encode_reply(error_reply(call_id, f"the stored reply is unreadable: {exc.reason}"))
+    if reply.call_id == call_id:
+        return stored
+    return encode_reply(reply.model_copy(update={"call_id": call_id}))
+
+
+def _undecodable_reply(message: AbstractIncomingMessage, exc: DecodeError) -> bytes | Verdict:
+    if not message.reply_to or not message.correlation_id:
+        return Verdict.DROP
+    try:
+        reply = error_reply(message.correlation_id, f"undecodable tool call: {exc.reason}")
+    except ValidationError:
+        return Verdict.DROP
+    return encode_reply(reply)
