@@ -56,6 +56,8 @@ class TurnHandle:
         loop = asyncio.get_running_loop()
         self._result: asyncio.Future[TurnResult] = loop.create_future()
         self._accepted: asyncio.Future[None] = loop.create_future()
+        for future in (self._result, self._accepted):  # an unread rejection is not an error
+            future.add_done_callback(_retrieve)
         self._tag: str | None = None
 
     async def _start(self) -> None:
@@ -112,6 +114,11 @@ class TurnHandle:
             await self._queue.cancel(self._tag)
             self._tag = None
         await self._queue.delete(if_unused=False, if_empty=False)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class LoopwireClient:

@@ -48,3 +48,7 @@ H_ATTEMPT: Final = "x-loopwire-attempt"
 """How many times a step failed with an unexpected error (retried until ``max_step_attempts``)."""
 
 CONTENT_TYPE: Final = "application/msgpack"
+
+H_DEAD_ID: Final = "x-loopwire-dead-id"
+"""The id of a dead letter, as ``loopwire dlq list`` shows it and ``dlq replay`` takes it."""
+H_REJECTED_AT: Final = "x-loopwire-rejected-at"

@@ -1,22 +1,66 @@
-"""The ``loopwire`` command line."""
+"""The ``loopwire`` command line.
+
+Errors are one readable line on stderr with a non-zero exit code; see
+``worker.cli_turns`` for the exit codes of ``turn``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
 import sys
 from collections.abc import Sequence
+
+DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loopwire", description="Queue-native runtime for LLM agent loops."
     )
+    parser.add_argument(
+        "--amqp-url",
+        default=os.environ.get("LOOPWIRE_AMQP_URL", DEFAULT_AMQP),
+        help="RabbitMQ URL (default: $LOOPWIRE_AMQP_URL or %(default)s)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("worker", help="run a worker (configured by LOOPWIRE_* variables)")
     tools = sub.add_parser("tools", help="tool services")
     tools_sub = tools.add_subparsers(dest="tools_command", metavar="COMMAND", required=True)
     serve = tools_sub.add_parser("serve", help="run the tool service NAME (tool_services.NAME)")
-    serve.add_argument("name", help="search, calculator, notes, …")
+    serve.add_argument("name", help="search, calculator, notes, or a module path")
+
+    turn = sub.add_parser("turn", help="send a turn and print the answer")
+    turn.add_argument("text", help="the user's message")
+    turn.add_argument("--agent", "-a", default="default", help="agent name (default: %(default)s)")
+    turn.add_argument("--session", "-s", default=None, help="session id (default: a new session)")
+    turn.add_argument("--follow", "-f", action="store_true", help="print every event as it happens")
+    turn.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    turn.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait (default: %(default)s)"
+    )
+    turn.add_argument(
+        "--max-iterations", type=int, default=None, help="override max_tool_iterations"
+    )
+
+    tail = sub.add_parser("tail", help="print events matching a routing-key pattern")
+    tail.add_argument("pattern", nargs="?", default="#", help="e.g. 'tool.invoked.#' (default: #)")
+    tail.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    tail.add_argument("--count", type=int, default=None, help="exit after this many events")
+
+    dlq = sub.add_parser("dlq", help="dead-lettered work")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", metavar="COMMAND", required=True)
+    dlq_sub.add_parser("list", help="list dead-lettered messages with their reasons")
+    replay = dlq_sub.add_parser(
+        "replay", help="send a dead-lettered message back to the turn queue"
+    )
+    replay.add_argument("id", help="the id shown by 'loopwire dlq list'")
+
+    demo = sub.add_parser("demo", help="run one real turn through a worker and the example tools")
+    demo.add_argument("question", nargs="?", default=None, help="what to ask")
+
     schema = sub.add_parser("schema", help="write the JSON Schema of the public contracts")
     schema.add_argument("--out", default="-", help="directory to write into, or - for stdout")
     return parser
@@ -28,6 +72,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from worker.cli_turns import CliError
+
+    if args.command in ("turn", "tail", "dlq"):
+        # the client libraries' own log lines would duplicate our one-line errors
+        logging.basicConfig(level=logging.CRITICAL)
+    try:
+        return _run(args)
+    except CliError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.code
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "worker":
         from worker.app import main as worker_main
 
@@ -36,12 +96,63 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tool_services.runner import serve
 
         return serve(args.name)
+    if args.command == "turn":
+        from worker.cli_turns import run_turn_command
+
+        return asyncio.run(
+            run_turn_command(
+                amqp_url=args.amqp_url,
+                text=args.text,
+                agent=args.agent,
+                session=args.session,
+                follow=args.follow,
+                as_json=args.json,
+                timeout=args.timeout,
+                max_iterations=args.max_iterations,
+            )
+        )
+    if args.command == "tail":
+        from worker.cli_turns import run_tail_command
+
+        return asyncio.run(
+            run_tail_command(
+                amqp_url=args.amqp_url, pattern=args.pattern, as_json=args.json, count=args.count
+            )
+        )
+    if args.command == "dlq":
+        return _dlq(args)
+    if args.command == "demo":
+        from worker.demo import DEFAULT_QUESTION, run_demo
+
+        return asyncio.run(run_demo(args.question or DEFAULT_QUESTION))
     if args.command == "schema":
         from contracts.schema import write_schemas
 
         return write_schemas(args.out)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    raise AssertionError(args.command)
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    from worker.cli_turns import CliError
+    from worker.dlq import list_dead, replay
+
+    try:
+        if args.dlq_command == "list":
+            dead = asyncio.run(list_dead(args.amqp_url))
+            if not dead:
+                print("the dead-letter queue is empty")
+            for d in dead:
+                print(
+                    f"{d.id}  {d.code:<14} turn={d.turn_id or '-'}  {d.kind}  {d.size} B  {d.reason}"
+                )
+            return 0
+        found = asyncio.run(replay(args.amqp_url, args.id))
+    except OSError as exc:
+        raise CliError(f"cannot reach RabbitMQ: {exc}") from None
+    if found is None:
+        raise CliError(f"no dead-lettered message with id {args.id!r} (see 'loopwire dlq list')")
+    print(f"replayed {found.id} (turn {found.turn_id or '-'}) to the turn queue")
+    return 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import uuid
 from typing import Any
 
 import aio_pika
@@ -152,9 +153,10 @@ class Consumer:
                 message.body,
                 headers={
                     **headers,
+                    t.H_DEAD_ID: uuid.uuid4().hex[:16],
                     t.H_REASON: reason,
                     t.H_REASON_CODE: code,
-                    "x-loopwire-rejected-at": time.time(),
+                    t.H_REJECTED_AT: time.time(),
                 },
                 content_type=message.content_type,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,

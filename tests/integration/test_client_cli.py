@@ -1,0 +1,243 @@
+"""The publisher client, the ``loopwire`` command line and the demo, against a live worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.client import LoopwireClient, TurnRejectedError, new_id
+from contracts.events import Event
+from harness import AMQP_URL, ROOT, CountingToolService, WorkerProcess, write_agents
+from worker.scripted_model import Reply, ScriptedModel
+
+pytestmark = pytest.mark.integration
+LOOPWIRE = [sys.executable, "-m", "worker.cli"]
+
+
+def tool_then_answer(tool: str) -> Any:
+    def responder(request: dict[str, Any]) -> Reply:
+        messages = request["messages"]
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        if any(m["role"] == "tool" for m in messages[last_user:]):
+            return Reply.text("the answer")
+        return Reply.tool_calls((tool, {"q": "x"}))
+
+    return responder
+
+
+@pytest.fixture
+async def live(
+    client: LoopwireClient,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    tmp_path: Path,
+) -> AsyncIterator[WorkerProcess]:
+    scripted_model.respond_with(tool_then_answer(lookup.name))
+    agents = write_agents(tmp_path / "agents.json", [lookup.name])
+    worker = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    await worker.start()
+    yield worker
+    worker.close()
+    assert worker.errors() == []
+
+
+async def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL}
+    return await asyncio.to_thread(
+        subprocess.run,
+        [*LOOPWIRE, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+async def test_run_turn_returns_the_result(live: WorkerProcess, client: LoopwireClient) -> None:
+    session = f"cli-{new_id()}"
+    result = await client.run_turn("support", "hello", session_id=session, timeout=30)
+    assert result.content == "the answer"
+    assert result.session_id == session
+    assert result.steps == 2
+
+
+async def test_start_turn_streams_events_then_result(
+    live: WorkerProcess, client: LoopwireClient
+) -> None:
+    handle = await client.start_turn("support", "hello")
+    seen = [event async for event in handle.events()]
+    result = await handle.result(10)
+    await handle.close()
+    assert [e.type for e in seen][:2] == ["turn.accepted", "turn.started"]
+    assert seen[-1].type == "turn.completed"
+    assert {e.turn_id for e in seen} == {handle.turn_id}
+    assert result.content == "the answer"
+
+
+async def test_subscribe_receives_only_matching_events(
+    live: WorkerProcess, client: LoopwireClient
+) -> None:
+    received: list[Event] = []
+
+    async def collect() -> None:
+        async for event in client.subscribe("tool.invoked.#"):
+            received.append(event)
+            return
+
+    task = asyncio.create_task(collect())
+    await asyncio.sleep(0.3)  # the subscription is bound before the turn starts
+    await client.run_turn("support", "hello", timeout=30)
+    await asyncio.wait_for(task, 10)
+    assert [e.type for e in received] == ["tool.invoked"]
+    assert received[0].data.outcome == "ok"  # type: ignore[union-attr]
+
+
+async def test_rejected_turn_raises_with_the_reason(
+    live: WorkerProcess, client: LoopwireClient
+) -> None:
+    with pytest.raises(TurnRejectedError, match="unknown agent"):
+        await client.run_turn("nobody", "hello", timeout=30)
+
+
+async def test_cli_turn_prints_the_answer_and_json(live: WorkerProcess) -> None:
+    plain = await cli("turn", "hello", "--agent", "support")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip() == "the answer"
+    as_json = await cli("turn", "hello", "--agent", "support", "--follow", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    lines = [json.loads(line) for line in as_json.stdout.splitlines()]
+    types = [line.get("type") for line in lines[:-1]]
+    assert types[0] == "turn.accepted"
+    assert "tool.invoked" in types
+    assert types[-1] == "turn.completed"
+    assert lines[-1]["result"]["content"] == "the answer"
+
+
+async def test_cli_follow_prints_events_as_text(live: WorkerProcess) -> None:
+    out = await cli("turn", "hello", "--agent", "support", "--follow")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("turn.accepted")
+    assert any(line.startswith("tool.invoked") and " ok in " in line for line in lines)
+    assert lines[-1] == "the answer"
+
+
+async def test_cli_turn_exit_codes(live: WorkerProcess) -> None:
+    capped = await cli("turn", "hello", "--agent", "support", "--max-iterations", "1")
+    assert capped.returncode == 4
+    assert "iteration cap" in capped.stderr
+    rejected = await cli("turn", "hello", "--agent", "nobody")
+    assert rejected.returncode == 3
+    assert rejected.stderr.startswith("error: turn rejected:")
+    assert len(rejected.stderr.strip().splitlines()) == 1
+
+
+async def test_cli_unreachable_broker_is_one_line() -> None:
+    out = await cli("--amqp-url", "amqp://guest:guest@127.0.0.1:1/", "turn", "hello")
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: cannot reach RabbitMQ at amqp://***@127.0.0.1:1/")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+async def test_cli_tail_prints_matching_events(live: WorkerProcess, client: LoopwireClient) -> None:
+    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL}
+    tail = await asyncio.create_subprocess_exec(
+        *LOOPWIRE,
+        "tail",
+        "turn.completed.#",
+        "--count",
+        "1",
+        "--json",
+        env=env,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    await asyncio.sleep(1.5)  # let it bind
+    result = await client.run_turn("support", "hello", timeout=30)
+    stdout, stderr = await asyncio.wait_for(tail.communicate(), 20)
+    assert tail.returncode == 0, stderr
+    event = json.loads(stdout.decode().strip())
+    assert event["type"] == "turn.completed"
+    assert event["turn_id"] == result.turn_id
+
+
+async def test_cli_dlq_list_and_replay(
+    client: LoopwireClient,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    tmp_path: Path,
+) -> None:
+    scripted_model.respond_with(tool_then_answer(lookup.name))
+    first = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=write_agents(tmp_path / "a.json", [lookup.name]),
+    )
+    await first.start()
+    handle = await client.start_turn("late", "hello")
+    try:
+        await asyncio.sleep(1.0)
+        listed = await cli("dlq", "list")
+        assert listed.returncode == 0, listed.stderr
+        row = next(line for line in listed.stdout.splitlines() if handle.turn_id in line)
+        assert "unknown_agent" in row
+        assert "'late'" in row
+        dead_id = row.split()[0]
+        first.close()
+        # the agent now exists: replaying the dead letter runs the turn
+        agents = tmp_path / "b.json"
+        agents.write_text(json.dumps({"agents": [{"name": "late", "tools": [lookup.name]}]}))
+        second = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+        await second.start()
+        completed: list[Event] = []
+
+        async def watch() -> None:
+            async for event in client.subscribe(f"turn.completed.*.{handle.turn_id}"):
+                completed.append(event)
+                return
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.sleep(0.3)
+        try:
+            replayed = await cli("dlq", "replay", dead_id)
+            assert replayed.returncode == 0, replayed.stderr
+            await asyncio.wait_for(watcher, 30)
+        finally:
+            second.close()
+        assert completed[0].data.result.content == "the answer"  # type: ignore[union-attr]
+        again = await cli("dlq", "list")
+        assert handle.turn_id not in again.stdout
+        missing = await cli("dlq", "replay", "no-such-id")
+        assert missing.returncode == 1
+        assert "no dead-lettered message" in missing.stderr
+    finally:
+        first.close()
+        await handle.close()
+
+
+async def test_demo_runs_end_to_end(topology: None) -> None:
+    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL}
+    env.pop("LOOPWIRE_MODEL__BASE_URL", None)
+    out = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "scripts/demo"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "local scripted demo model" in out.stdout
+    assert "tool.invoked" in out.stdout
+    answer = next(line for line in out.stdout.splitlines() if line.startswith("answer: "))
+    assert "17 * 23 = 391" in answer

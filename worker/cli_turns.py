@@ -1,0 +1,131 @@
+"""``loopwire turn`` and ``loopwire tail``: publish a turn and wait for it; follow events.
+
+Exit codes of ``turn``: 0 for an answer (``finish_reason: stop``), 4 when the
+iteration cap ended the turn (the text printed is the last content, not an
+answer), 3 when the turn failed, was cancelled or was rejected, 1 for any
+other error (unreachable broker, no answer in time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator
+
+from contracts.client import LoopwireClient, TurnHandle, TurnRejectedError
+from contracts.turns import LimitOverrides, TurnResult
+from worker.cli_output import print_event, print_result
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_TURN_FAILED = 3
+EXIT_MAX_ITERATIONS = 4
+
+
+class CliError(Exception):
+    """An error shown as one line, with an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def run_turn_command(
+    *,
+    amqp_url: str,
+    text: str,
+    agent: str,
+    session: str | None,
+    follow: bool,
+    as_json: bool,
+    timeout: float,
+    max_iterations: int | None,
+) -> int:
+    async with connect(amqp_url) as client:
+        limits = LimitOverrides(max_tool_iterations=max_iterations)
+        handle = await client.start_turn(agent, text, session_id=session, limits=limits)
+        try:
+            result = await _wait(handle, follow=follow, as_json=as_json, timeout=timeout)
+        finally:
+            await handle.close()
+    print_result(result, as_json=as_json)
+    if result.finish_reason == "max_iterations":
+        sys.stderr.write("note: the turn hit its iteration cap; the text above is not an answer\n")
+        return EXIT_MAX_ITERATIONS
+    if result.finish_reason != "stop":
+        reason = result.error.message if result.error else result.finish_reason
+        raise CliError(f"turn {result.turn_id} {result.finish_reason}: {reason}", EXIT_TURN_FAILED)
+    return EXIT_OK
+
+
+async def _wait(handle: TurnHandle, *, follow: bool, as_json: bool, timeout: float) -> TurnResult:
+    started = time.monotonic()
+    progress = asyncio.create_task(
+        _show_progress(handle, follow=follow, as_json=as_json, started=started)
+    )
+    try:
+        return await handle.result(timeout)
+    except TurnRejectedError as exc:
+        raise CliError(f"turn rejected: {exc.reason}", EXIT_TURN_FAILED) from None
+    except TimeoutError:
+        raise CliError(
+            f"no answer within {timeout:g} s; turn {handle.turn_id} may still be queued or running "
+            f"(follow it with: loopwire tail '*.*.*.{handle.turn_id}')"
+        ) from None
+    finally:
+        # let the final event print before stopping the printer
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(progress), 0.5)
+        progress.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await progress
+
+
+async def _show_progress(
+    handle: TurnHandle, *, follow: bool, as_json: bool, started: float
+) -> None:
+    """With --follow, every event on stdout; otherwise short progress lines on stderr."""
+    async for event in handle.events():
+        if follow:
+            print_event(event, as_json=as_json)
+        elif sys.stderr.isatty():
+            elapsed = time.monotonic() - started
+            sys.stderr.write(f"\r\033[K… {elapsed:5.1f} s  {event.type}")
+            sys.stderr.flush()
+    if not follow and sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+
+
+async def run_tail_command(*, amqp_url: str, pattern: str, as_json: bool, count: int | None) -> int:
+    async with connect(amqp_url) as client:
+        seen = 0
+        async for event in client.subscribe(pattern):
+            print_event(event, as_json=as_json)
+            seen += 1
+            if count is not None and seen >= count:
+                break
+    return EXIT_OK
+
+
+@contextlib.asynccontextmanager
+async def connect(amqp_url: str) -> AsyncIterator[LoopwireClient]:
+    client = LoopwireClient(amqp_url)
+    try:
+        await asyncio.wait_for(client.connect(), 15)
+    except (OSError, TimeoutError, ConnectionError) as exc:
+        raise CliError(
+            f"cannot reach RabbitMQ at {_redact_url(amqp_url)}: {exc or type(exc).__name__}"
+        ) from None
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def _redact_url(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

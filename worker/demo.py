@@ -1,0 +1,180 @@
+"""``loopwire demo``: one real turn through RabbitMQ, Redis, three tool services and the model.
+
+It starts a worker and the example tool services (search, calculator, notes)
+as child processes, waits until they are ready, sends one turn whose answer
+needs tools, prints every event as it happens and the final answer, and stops
+everything it started (also on Ctrl-C or an error).
+
+The model is the endpoint configured with ``LOOPWIRE_MODEL__BASE_URL`` (plus
+``LOOPWIRE_MODEL__API_KEY`` and ``LOOPWIRE_MODEL__MODEL``): a hosted model,
+vLLM, Ollama… With none configured it runs the local scripted demo model
+(``worker.demo_model``) and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+import aiohttp
+from redis.asyncio import Redis
+
+from contracts.client import LoopwireClient
+from tool_services.registry import live_tools
+from worker.cli_output import event_line
+from worker.demo_model import demo_model
+from worker.settings import Settings
+
+DEFAULT_QUESTION = "How does loopwire keep a tool from running twice, and what is 17 * 23?"
+DEMO_AGENT = {
+    "name": "demo",
+    "system_prompt": (
+        "You are loopwire's demo assistant. Use the search tool to answer from the documentation, "
+        "the calculate tool for arithmetic, and file a short note of each answer with file_note."
+    ),
+    "tools": ["search", "calculate", "file_note"],
+}
+SERVICES = ("search", "calculator", "notes")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+class Children:
+    """The processes the demo started; all stopped on exit."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        log = (self.logs / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, *args], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.procs.append((name, proc, log))
+
+    def check(self) -> None:
+        for name, proc, _ in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
+
+    def tail(self, name: str) -> str:
+        text = (self.logs / f"{name}.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-15:])
+
+    def stop(self) -> None:
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc, log in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            log.close()
+
+
+async def _wait_ready(
+    children: Children, settings: Settings, worker_port: int, timeout: float = 60
+) -> None:
+    deadline = time.monotonic() + timeout
+    redis = Redis.from_url(settings.redis_url)
+    try:
+        async with aiohttp.ClientSession() as http:
+            while True:
+                children.check()
+                tools = set(await live_tools(redis))
+                ready = False
+                try:
+                    async with http.get(f"http://127.0.0.1:{worker_port}/readyz") as response:
+                        ready = response.status == 200
+                except aiohttp.ClientError:
+                    pass
+                if ready and {"search", "calculate", "file_note"} <= tools:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        "the worker or the tool services did not become ready in time"
+                    )
+                await asyncio.sleep(0.2)
+    finally:
+        await redis.aclose()
+
+
+async def run_demo(question: str = DEFAULT_QUESTION, *, timeout: float = 120.0) -> int:
+    settings = Settings()
+    configured = "LOOPWIRE_MODEL__BASE_URL" in os.environ
+    scripted = None if configured else demo_model()
+    logs = Path(tempfile.mkdtemp(prefix="loopwire-demo-"))
+    children = Children(logs)
+    say("loopwire demo: one turn through RabbitMQ, Redis, three tool services and a model")
+    say(
+        f"  RabbitMQ {settings.amqp_url.split('@')[-1]}   Redis {settings.redis_url.split('@')[-1]}"
+    )
+    try:
+        env = dict(os.environ)
+        if scripted is not None:
+            base_url = await scripted.start()
+            env["LOOPWIRE_MODEL__BASE_URL"] = base_url
+            env["LOOPWIRE_MODEL__MODEL"] = "loopwire-demo"
+            say(
+                "  model: none configured (set LOOPWIRE_MODEL__BASE_URL, LOOPWIRE_MODEL__API_KEY and"
+            )
+            say(
+                "         LOOPWIRE_MODEL__MODEL to use a real one) -> using the local scripted demo model;"
+            )
+            say("         it follows a fixed plan and is not an LLM; everything else is real")
+        else:
+            say(f"  model: {settings.model.model} at {settings.model.base_url}")
+        agents = logs / "agents.json"
+        agents.write_text(json.dumps({"agents": [DEMO_AGENT]}))
+        worker_port = _free_port()
+        env.update({"LOOPWIRE_AGENTS_FILE": str(agents), "LOOPWIRE_HTTP_PORT": str(worker_port)})
+        for service in SERVICES:
+            children.start(service, ["-m", f"tool_services.{service}"], env)
+        children.start("worker", ["-m", "worker"], env)
+        say(f"  started a worker and the tool services {', '.join(SERVICES)} (logs in {logs})")
+        await _wait_ready(children, settings, worker_port)
+        say(f"\n> {question}\n")
+        async with LoopwireClient(settings.amqp_url) as client:
+            handle = await client.start_turn("demo", question)
+            async for event in handle.events():
+                say("  " + event_line(event))
+            result = await handle.result(timeout)
+            await handle.close()
+        say("")
+        if result.finish_reason != "stop":
+            reason = result.error.message if result.error else result.finish_reason
+            say(f"the turn ended with {result.finish_reason}: {reason}")
+            return 3
+        say(f"answer: {result.content}")
+        say(
+            f"\n{result.steps} step(s), {result.usage.total_tokens} tokens, {result.duration_s:.2f} s; "
+            f"session {result.session_id}"
+        )
+        return 0
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    finally:
+        children.stop()
+        if scripted is not None:
+            await scripted.stop()

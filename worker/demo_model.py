@@ -1,0 +1,127 @@
+"""The scripted demo model: what the demo uses when no model endpoint is configured.
+
+It is not a language model. It follows a fixed plan that exercises the real
+machinery end to end: in its first step it searches the shipped documents for
+the question (and computes any arithmetic in it, in parallel); in its second it
+files a note of what it found; then it answers from the tool results it was
+given. Everything around it — queues, Redis, tool services, events — is real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from worker.scripted_model import Reply, ScriptedModel
+
+STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "does",
+        "do",
+        "for",
+        "from",
+        "how",
+        "i",
+        "in",
+        "is",
+        "it",
+        "of",
+        "on",
+        "or",
+        "the",
+        "to",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "with",
+        "you",
+        "your",
+        "can",
+        "could",
+        "would",
+        "should",
+        "will",
+        "loopwire",
+    ]
+)
+ARITHMETIC = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:\s*(?:\*\*|[-+*/%])\s*\d+(?:\.\d+)?)+)")
+
+
+def _question(messages: list[dict[str, Any]]) -> str:
+    return next(
+        (str(m.get("content") or "") for m in reversed(messages) if m["role"] == "user"), ""
+    )
+
+
+def _tool_results(messages: list[dict[str, Any]]) -> list[Any]:
+    start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
+    results = []
+    for message in messages[start:]:
+        if message["role"] == "tool":
+            text = str(message.get("content") or "")
+            try:
+                results.append(json.JSONDecoder().raw_decode(text)[0])
+            except ValueError:
+                results.append(text)
+    return results
+
+
+def demo_responder(request: dict[str, Any]) -> Reply:
+    messages: list[dict[str, Any]] = request["messages"]
+    question = _question(messages)
+    results = _tool_results(messages)
+    if not results:
+        calls: list[tuple[str, dict[str, object]]] = []
+        arithmetic = ARITHMETIC.search(question)
+        words = [w for w in re.findall(r"[A-Za-z][\w-]+", ARITHMETIC.sub(" ", question))]
+        keywords = " ".join(w for w in words if w.lower() not in STOPWORDS) or question
+        calls.append(("search", {"query": keywords, "limit": 3}))
+        if arithmetic:
+            calls.append(("calculate", {"expression": arithmetic.group(1)}))
+        return Reply.tool_calls(*calls, content="Let me look that up.")
+    if not any(isinstance(r, dict) and "note_id" in r for r in results):
+        found = _best_hit(results)
+        return Reply.tool_calls(
+            ("file_note", {"title": "demo", "text": f"Q: {question[:200]} / A: {found[:300]}"})
+        )
+    return Reply.text(_answer(results))
+
+
+def _best_hit(results: list[Any]) -> str:
+    for result in results:
+        if isinstance(result, dict) and result.get("results"):
+            top = result["results"][0]
+            return f"{top.get('title', '')}: {top.get('snippet', '')}"
+    return "nothing in the documents"
+
+
+def _answer(results: list[Any]) -> str:
+    parts = []
+    hits: list[Any] = next(
+        (r["results"] for r in results if isinstance(r, dict) and r.get("results")), []
+    )
+    if hits:
+        titles = ", ".join(str(h.get("title", "?")) for h in hits[:3])
+        snippet = re.sub(r"\s+", " ", str(hits[0].get("snippet", "")).replace("**", "")).strip()
+        parts.append(f"From the documentation ({titles}): {snippet}")
+    else:
+        parts.append("The documentation has nothing on that.")
+    for result in results:
+        if isinstance(result, dict) and "value" in result and "expression" in result:
+            parts.append(f"And {result['expression']} = {result['value']}.")
+    parts.append("(I filed a note of this answer.)")
+    return " ".join(parts)
+
+
+def demo_model() -> ScriptedModel:
+    model = ScriptedModel(model="loopwire-demo")
+    model.respond_with(demo_responder)
+    return model

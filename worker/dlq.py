@@ -1,0 +1,133 @@
+"""The dead-letter queue: list dead-lettered work with its reason, replay one message.
+
+Each message the worker dead-letters carries ``x-loopwire-dead-id`` (its id
+here), ``x-loopwire-reason`` and ``x-loopwire-reason-code``; messages the broker
+dead-lettered itself (delivery limit reached) are identified by their message id
+or a hash of their body and show the broker's ``x-first-death-reason``.
+
+Listing takes every message without acking and returns them all (nothing is
+lost if the command dies: unacked messages go back to the queue). Replaying
+publishes the message to ``loopwire.turns`` without the dead-letter headers
+(with a confirm) and only then removes it from the dead-letter queue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+
+from contracts import topology as t
+from contracts.codec import DecodeError, decode_obj
+
+H_DEAD_ID = t.H_DEAD_ID
+_DEAD_HEADERS = (
+    t.H_REASON,
+    t.H_REASON_CODE,
+    H_DEAD_ID,
+    t.H_REJECTED_AT,
+    t.H_ATTEMPT,
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-delivery-count",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    id: str
+    reason: str
+    code: str
+    turn_id: str | None
+    kind: str
+    size: int
+
+
+def dead_id(message: AbstractIncomingMessage) -> str:
+    headers = message.headers or {}
+    if headers.get(H_DEAD_ID):
+        return str(headers[H_DEAD_ID])
+    if message.message_id:
+        return str(message.message_id)
+    return hashlib.sha1(message.body).hexdigest()[:16]
+
+
+def describe(message: AbstractIncomingMessage) -> DeadLetter:
+    headers: dict[str, Any] = dict(message.headers or {})
+    reason = str(headers.get(t.H_REASON) or headers.get("x-first-death-reason") or "unknown")
+    code = str(headers.get(t.H_REASON_CODE) or "broker")
+    turn_id = None
+    try:
+        obj = decode_obj(message.body)
+        if isinstance(obj, dict) and isinstance(obj.get("turn_id"), str):
+            turn_id = obj["turn_id"][:128]
+    except DecodeError:
+        pass
+    return DeadLetter(
+        id=dead_id(message),
+        reason=reason,
+        code=code,
+        turn_id=turn_id,
+        kind=str(headers.get(t.H_KIND, t.KIND_START)),
+        size=len(message.body),
+    )
+
+
+async def _take_all(channel: AbstractChannel) -> list[AbstractIncomingMessage]:
+    queue = await channel.get_queue(t.DEAD_LETTER_QUEUE, ensure=False)
+    taken: list[AbstractIncomingMessage] = []
+    while True:
+        message = await queue.get(no_ack=False, fail=False, timeout=10)
+        if message is None:
+            return taken
+        taken.append(message)
+
+
+async def list_dead(amqp_url: str) -> list[DeadLetter]:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        taken = await _take_all(channel)
+        described = [describe(m) for m in taken]
+        for message in taken:
+            await message.nack(requeue=True)
+        return described
+
+
+async def replay(amqp_url: str, wanted: str) -> DeadLetter | None:
+    """Republish the dead letter ``wanted`` to the turn queue; ``None`` when there is no such id."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        taken = await _take_all(channel)
+        found: DeadLetter | None = None
+        for message in taken:
+            if found is None and dead_id(message) == wanted:
+                found = describe(message)
+                headers = {
+                    k: v for k, v in (message.headers or {}).items() if k not in _DEAD_HEADERS
+                }
+                await channel.default_exchange.publish(
+                    aio_pika.Message(
+                        message.body,
+                        headers=headers,
+                        content_type=message.content_type,
+                        message_id=message.message_id,
+                        correlation_id=message.correlation_id,
+                        reply_to=message.reply_to,
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    ),
+                    routing_key=t.TURNS_QUEUE,
+                )
+                await message.ack()
+            else:
+                await message.nack(requeue=True)
+        return found
