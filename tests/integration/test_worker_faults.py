@@ -96,14 +96,17 @@ async def test_many_turns_over_two_workers_keep_session_order(
     await asyncio.gather(*(w.start() for w in workers))
     sessions = [new_id() for _ in range(10)]
     handles: dict[str, list[TurnHandle]] = defaultdict(list)
-    try:
+
+    async def publish_session(session: str) -> None:
         for turn in range(5):
-            for session in sessions:
-                handles[session].append(
-                    await client.start_turn(
-                        "support", f"{session[:6]} question {turn}", session_id=session
-                    )
-                )
+            text = f"{session[:6]} question {turn}"
+            handle = await client.start_turn("support", text, session_id=session)
+            handles[session].append(handle)
+            # the next turn of a session is published once this one is accepted
+            await handle.accepted(30)
+
+    try:
+        await asyncio.gather(*(publish_session(s) for s in sessions))
         results = {h.turn_id: await h.result(90) for hs in handles.values() for h in hs}
         await recorder.wait_for(
             lambda evs: sum(e.session_id in sessions for e in evs) >= 50, timeout=30
