@@ -128,7 +128,11 @@ async def _next_result(handle: object) -> object:
             "schema",
         ),
         (b"\x91" * 50 + b"\x01", "malformed"),
+        (encode_obj({"turn_id": "big", "pad": "x" * (4 * 1024 * 1024)}), "oversize"),
+        (encode_obj({"turn_id": "t1", "session_id": "s\n1", "agent": "support"}), "schema"),
+        (encode_obj({"turn_id": "t" * 10_000}), "schema"),
     ],
+    ids=["garbage", "missing-fields", "hostile-id", "deep", "oversize", "newline-id", "10k-id"],
 )
 async def test_bad_input_is_dead_lettered_with_a_reason(
     topology: None,
@@ -234,3 +238,62 @@ async def test_worker_killed_during_tool_call_resumes_on_another(
         sum(service.executions.values()) == 1
     )  # re-sent with the same key, answered from the store
     assert len(scripted_model.requests) == 2  # the saved model answer was not asked for again
+
+
+async def test_wrong_schema_with_readable_turn_id_is_announced(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    events: EventRecorder,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    worker = start_worker(tmp_path, scripted_model, [lookup.name])
+    await worker.start()
+    turn_id = new_id()
+    try:
+        body = encode_obj(
+            {"schema_version": 1, "turn_id": turn_id, "session_id": "s1", "agent": "support"}
+        )
+        await client.channel.default_exchange.publish(
+            aio_pika.Message(body), routing_key=t.TURNS_QUEUE
+        )
+        await events.wait_for(lambda evs: any(e.turn_id == turn_id for e in evs))
+    finally:
+        worker.close()
+    rejected = next(e for e in events.events if e.turn_id == turn_id)
+    assert rejected.type == "turn.rejected"
+    assert rejected.data.code == "schema"  # type: ignore[union-attr]
+    assert "input" in rejected.data.reason  # type: ignore[union-attr]
+    assert worker.errors() == []
+
+
+async def test_events_carry_cloudevents_headers_and_routing_keys(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    events: EventRecorder,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "a"})))
+    scripted_model.expect(Reply.text("done"))
+    worker = start_worker(tmp_path, scripted_model, [lookup.name])
+    await worker.start()
+    try:
+        result = await client.run_turn("support", "hi", timeout=30)
+        await events.wait_for(
+            lambda evs: any(e.type == "turn.completed" and e.turn_id == result.turn_id for e in evs)
+        )
+    finally:
+        worker.close()
+    mine = [i for i, e in enumerate(events.events) if e.turn_id == result.turn_id]
+    assert mine
+    for i in mine:
+        event, headers, key = events.events[i], events.headers[i], events.routing_keys[i]
+        assert key == f"{event.type}.support.{result.turn_id}"
+        assert headers["ce-specversion"] == "1.0"
+        assert headers["ce-id"] == event.id
+        assert headers["ce-type"] == event.type
+        assert headers["ce-source"] == "/loopwire/worker"
+        assert str(headers["ce-time"]).endswith("Z")
+    ids = [events.events[i].id for i in mine]
+    assert len(ids) == len(set(ids)), "event ids are unique within a turn"
