@@ -42,6 +42,11 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def _queue_name() -> str:
+    # named, not server-named: a robust connection can re-declare it after a reconnect
+    return f"loopwire-client.{uuid.uuid4().hex}"
+
+
 class TurnHandle:
     """A published turn: iterate its events, await its result."""
 
@@ -79,11 +84,11 @@ class TurnHandle:
         await self._events.put(event)
         if not self._accepted.done() and event.type != "turn.rejected":
             self._accepted.set_result(None)
+        # The result is the direct reply (the publisher's copy), never the turn.completed /
+        # turn.failed event's copy: they differ when the agent redacts (the event keeps the
+        # placeholders). A finished turn always replies, also to a repeated step or request.
         data = event.data
-        if event.type in ("turn.completed", "turn.failed") and hasattr(data, "result"):
-            if not self._result.done():
-                self._result.set_result(data.result)
-        elif event.type == "turn.rejected" and not self._result.done():
+        if event.type == "turn.rejected" and not self._result.done():
             error = TurnRejectedError(getattr(data, "reason", "rejected"))
             self._result.set_exception(error)
             if not self._accepted.done():
@@ -99,14 +104,14 @@ class TurnHandle:
             if item.type in FINAL_EVENTS:
                 return
 
-    async def accepted(self, timeout: float | None = None) -> None:
+    async def accepted(self, timeout: float | None = 300.0) -> None:
         """Wait until a worker accepted the turn into its session's queue (``turn.accepted``).
 
         Turns of one session run in the order they are accepted; a publisher that
         needs its own successive turns in order waits for this before the next."""
         await asyncio.wait_for(asyncio.shield(self._accepted), timeout)
 
-    async def result(self, timeout: float | None = None) -> TurnResult:
+    async def result(self, timeout: float | None = 300.0) -> TurnResult:
         return await asyncio.wait_for(asyncio.shield(self._result), timeout)
 
     async def close(self) -> None:
@@ -169,7 +174,7 @@ class LoopwireClient:
     ) -> TurnHandle:
         texts = [input] if isinstance(input, str) else list(input)
         turn_id = turn_id or new_id()
-        queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        queue = await self.channel.declare_queue(_queue_name(), exclusive=True, auto_delete=True)
         await queue.bind(t.EVENTS_EXCHANGE, routing_key=f"*.*.*.{turn_id}")
         request = TurnRequest(
             turn_id=turn_id,
@@ -216,7 +221,7 @@ class LoopwireClient:
 
     async def subscribe(self, pattern: str = "#") -> AsyncIterator[Event]:
         """Every event whose routing key matches ``pattern`` (e.g. ``tool.invoked.#``), from now on."""
-        queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        queue = await self.channel.declare_queue(_queue_name(), exclusive=True, auto_delete=True)
         await queue.bind(t.EVENTS_EXCHANGE, routing_key=pattern)
         async with queue.iterator(no_ack=True) as messages:
             async for message in messages:

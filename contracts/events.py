@@ -71,6 +71,12 @@ class ToolInvoked(Contract):
     duration_s: float
     truncated: bool = False
     error: str | None = None
+    unresolved_placeholders: tuple[str, ...] = Field(
+        default=(),
+        max_length=32,
+        description="Placeholders the redaction hook could not restore; the tool got them as "
+        "written.",
+    )
 
 
 class TurnFinished(Contract):

@@ -2,8 +2,10 @@
 
 The keys of one session share the hash tag ``{<session_id>}`` so that the
 multi-key Lua scripts keep working on Redis Cluster. Keys of one tool call share
-the tag of its idempotency key. Ids are restricted to a safe charset by the
-contracts, so they can never contain a brace.
+the tag of its idempotency key. Session and turn ids are restricted to a safe
+charset by the contracts, so they can never contain a brace; a tool call id
+comes from the model and may, but both keys of a call are built from the same
+idempotency key, so they always hash to the same slot.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ message never rewrites the others; ``AgentState.history_len`` counts it.
 
 A step is saved in phases so that a redelivered work message resumes where the
 last worker stopped: ``PendingStep.response`` is the saved model answer (never
-asked for again), ``PendingStep.results`` the saved tool results (never
-dispatched again) and ``PendingStep.dispatched`` the calls sent but not yet
-answered (re-sent with the same idempotency key).
+asked for again) and ``PendingStep.results`` the saved tool results (never
+dispatched again); a call without a saved result is re-sent with the same
+idempotency key.
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ class ToolExecution(Contract):
     error: str | None = None
     content: str = Field(description="The text the model receives for this call.")
     truncated: bool = False
+    unresolved_placeholders: tuple[str, ...] = Field(
+        default=(),
+        max_length=32,
+        description="Placeholder-like tokens in the arguments that a redaction hook could not "
+        "restore and passed to the tool as written (never a raw value).",
+    )
     started_at: float
     completed_at: float
 
@@ -94,7 +100,9 @@ class PendingStep(Contract):
     input_count: int = 0
     response: ModelResponse | None = None
     results: tuple[ToolExecution, ...] = ()
-    dispatched: tuple[CallId, ...] = ()
+    offered: tuple[str, ...] = Field(
+        default=(), description="Names of the tools the model was offered in this step."
+    )
 
     def result_for(self, call_id: str) -> ToolExecution | None:
         return next((r for r in self.results if r.call_id == call_id), None)

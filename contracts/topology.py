@@ -17,8 +17,6 @@ TOOLS_EXCHANGE: Final = "loopwire.tools"
 EVENTS_EXCHANGE: Final = "loopwire.events"
 """Topic exchange for lifecycle events; routing key ``<entity>.<action>.<agent>.<turn_id>``."""
 
-TOOL_ANNOUNCE_EXCHANGE: Final = "loopwire.tools.announce"
-"""Fanout exchange on which tool services announce their definitions (heartbeat)."""
 
 TURN_DELIVERY_LIMIT: Final = 20
 """Deliveries of one work message before the quorum queue dead-letters it."""
@@ -34,7 +32,6 @@ H_REASON: Final = "x-loopwire-reason"
 H_REASON_CODE: Final = "x-loopwire-reason-code"
 H_IDEMPOTENCY_KEY: Final = "idempotency-key"
 H_KIND: Final = "x-loopwire-kind"
-H_FENCE: Final = "x-loopwire-fence"
 
 # Message kinds on the turn queue
 KIND_START: Final = "turn.start"

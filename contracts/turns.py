@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from contracts.base import AgentName, Contract, JsonObject, SafeId
 from contracts.messages import ChatMessage, Usage
@@ -69,10 +69,22 @@ class TurnRequest(Contract):
     persist: bool = True
     parent_session_id: SafeId | None = None
     metadata: JsonObject = Field(default_factory=dict)
-    reply_to: str | None = Field(default=None, max_length=255, pattern=r"^[A-Za-z0-9_.:-]+$")
+    reply_to: str | None = Field(
+        default=None,
+        max_length=255,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="Queue for the TurnResult (default exchange); not one of loopwire's own queues.",
+    )
     deadline: float | None = Field(
         default=None, description="Unix time after which the turn is cancelled."
     )
+
+    @field_validator("reply_to")
+    @classmethod
+    def _not_our_queue(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith("loopwire."):
+            raise ValueError("reply_to may not be one of loopwire's own queues")
+        return value
 
 
 class TurnError(Contract):

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
@@ -24,6 +24,9 @@ log = logging.getLogger("loopwire.tool_services")
 
 MAX_ERROR_CHARS: Final = 16_000
 
+RunOutcome = Literal["ok", "error", "timeout"]
+"""How a run ended, for metrics: ``timeout`` when the time budget (or the deadline) ran out."""
+
 
 async def run_tool(
     tool: Tool,
@@ -33,32 +36,46 @@ async def run_tool(
     clock: Callable[[], float] = time.time,
 ) -> ToolCallReply:
     """Validate the arguments, run the function under its time budget, build the reply."""
+    reply, _outcome = await execute_tool(tool, request, ctx, clock=clock)
+    return reply
+
+
+async def execute_tool(
+    tool: Tool,
+    request: ToolCallRequest,
+    ctx: CallContext,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> tuple[ToolCallReply, RunOutcome]:
+    """``run_tool``, also saying how the run ended."""
     try:
         args = tool.args_model.model_validate(request.arguments)
     except ValidationError as exc:
-        return error_reply(request.call_id, f"invalid arguments: {describe_errors(exc)}")
+        return error_reply(request.call_id, f"invalid arguments: {describe_errors(exc)}"), "error"
     remaining = ctx.deadline - clock()
     budget = min(tool.timeout_s, remaining)
     if budget <= 0:
-        return error_reply(request.call_id, "the call's deadline passed before the tool ran")
+        reply = error_reply(request.call_id, "the call's deadline passed before the tool ran")
+        return reply, "timeout"
     try:
         async with asyncio.timeout(budget) as scope:
             result = await tool.fn(args, ctx)
     except TimeoutError:
         if not scope.expired():
             log.exception("tool %s raised TimeoutError (call %s)", tool.name, request.call_id)
-            return error_reply(request.call_id, "TimeoutError raised by the tool")
+            return error_reply(request.call_id, "TimeoutError raised by the tool"), "error"
         if budget < tool.timeout_s:
             message = f"the call's deadline passed after {budget:.3g}s"
         else:
             message = f"timed out after {tool.timeout_s:g}s"
-        return error_reply(request.call_id, message)
+        return error_reply(request.call_id, message), "timeout"
     except ToolError as exc:
-        return error_reply(request.call_id, str(exc) or "the tool failed")
+        return error_reply(request.call_id, str(exc) or "the tool failed"), "error"
     except Exception as exc:
         log.exception("tool %s failed (call %s)", tool.name, request.call_id)
-        return error_reply(request.call_id, f"{type(exc).__name__}: {exc}")
-    return ok_reply(request.call_id, result)
+        return error_reply(request.call_id, f"{type(exc).__name__}: {exc}"), "error"
+    reply = ok_reply(request.call_id, result)
+    return reply, "ok" if reply.status == "ok" else "error"
 
 
 def ok_reply(call_id: str, result: Any) -> ToolCallReply:

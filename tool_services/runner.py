@@ -5,6 +5,11 @@
 module instead, so user services run the same way. The factory is called when
 the process starts, never at import time.
 
+With ``LOOPWIRE_TOOLS__HTTP_PORT`` set (the container image sets 9465) the
+process serves ``/livez`` (the event loop answers), ``/readyz`` (consumers
+registered, broker connected, Redis answers) and ``/metrics`` (its own
+registry: ``tool_services.metrics`` plus build and process info) there.
+
 Exit codes: 0 after SIGTERM/SIGINT (in-flight calls drained within
 ``grace_s``; a call still running then is cancelled, left unacked for another
 instance, and logged), 1 when the service cannot start (broker or Redis
@@ -22,9 +27,14 @@ import signal
 from collections.abc import Callable
 from typing import cast
 
+from prometheus_client import CollectorRegistry
+
+from tool_services.metrics import ToolServiceMetrics
 from tool_services.sdk import ToolService
 from tool_services.server import ToolServer
 from tool_services.settings import Settings
+from worker.http import HealthServer
+from worker.metrics import build_info
 
 log = logging.getLogger("loopwire.tool_services")
 
@@ -66,13 +76,28 @@ async def run_service(
     settings: Settings,
     *,
     stop: asyncio.Event | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> bool:
     """Serve until ``stop`` is set (by default: SIGTERM or SIGINT); True when fully drained."""
     built = service if isinstance(service, ToolService) else service()
-    server = ToolServer(built, settings)
+    registry = registry or CollectorRegistry()
+    build_info(registry, component="tool_service", service=built.name)
+    metrics = ToolServiceMetrics(registry, tools=built.tools)
+    server = ToolServer(built, settings, metrics=metrics)
+    health: HealthServer | None = None
+    if settings.tools.http_port:
+        health = HealthServer(
+            registry=registry,
+            checks={"consumer": server.consuming, "redis": server.redis_answers},
+            port=settings.tools.http_port,
+        )
     try:
+        if health is not None:
+            await health.start()
         await server.start()
     except Exception as exc:
+        if health is not None:
+            await health.stop()
         await built.shutdown()
         raise StartError(
             f"tool service {built.name!r} could not start: {type(exc).__name__}: {exc}"
@@ -93,6 +118,8 @@ async def run_service(
         for sig in handled:
             loop.remove_signal_handler(sig)
         drained = await server.stop()
+        if health is not None:
+            await health.stop()
     log.info("tool service %s stopped%s", built.name, "" if drained else " (calls cancelled)")
     return drained
 

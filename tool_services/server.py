@@ -48,6 +48,7 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from redis.asyncio import BlockingConnectionPool, Redis
 
@@ -55,7 +56,8 @@ from contracts.codec import DecodeError, decode
 from contracts.tools import ToolCallReply, ToolCallRequest, idempotency_key
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
 from tool_services.calls import CallStore, Claim, ClaimKind
-from tool_services.execute import encode_reply, error_reply, run_tool
+from tool_services.execute import encode_reply, error_reply, execute_tool
+from tool_services.metrics import ToolServiceMetrics
 from tool_services.registry import Announcer
 from tool_services.sdk import CallContext, Tool, ToolService
 from tool_services.settings import Settings
@@ -84,6 +86,7 @@ class ToolServer:
         *,
         instance_id: str | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: ToolServiceMetrics | None = None,
     ) -> None:
         if not service.tools:
             raise ValueError(f"service {service.name!r} has no tools")
@@ -103,11 +106,27 @@ class ToolServer:
         self._channel: AbstractChannel | None = None
         self._calls: CallStore | None = None
         self._announcer: Announcer | None = None
+        self.metrics = metrics or ToolServiceMetrics(CollectorRegistry(), tools=service.tools)
+        self.metrics.track_waiting(lambda: len(self._queued))
 
     @property
     def waiting_for_slot(self) -> int:
         """Deliveries received but waiting for one of the ``concurrency`` slots."""
         return len(self._queued)
+
+    async def consuming(self) -> bool:
+        """Readiness: consumers registered, the broker connection up, not stopping."""
+        connection = self._connection
+        return (
+            bool(self._consumers)
+            and not self._stopping
+            and connection is not None
+            and connection.connected.is_set()
+        )
+
+    async def redis_answers(self) -> bool:
+        """Readiness: the Redis of the call store answers a PING."""
+        return self._redis is not None and bool(await self._redis.ping())
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -255,9 +274,11 @@ class ToolServer:
                 message.correlation_id,
                 exc.reason,
             )
+            self.metrics.skipped(message.routing_key, "undecodable")
             return _undecodable_reply(message, exc)
         tool = self.service.tools.get(request.tool)
         if tool is None:
+            self.metrics.skipped(request.tool, "unknown_tool")
             return encode_reply(
                 error_reply(request.call_id, f"this service does not serve tool {request.tool!r}")
             )
@@ -268,6 +289,7 @@ class ToolServer:
                 tool.name,
                 self.clock() - request.context.deadline,
             )
+            self.metrics.skipped(tool.name, "expired")
             return Verdict.DROP
         return await self._resolve(request, tool)
 
@@ -290,6 +312,7 @@ class ToolServer:
                         log.warning(
                             "dropping call %s: deadline passed while it waited", request.call_id
                         )
+                        self.metrics.skipped(tool.name, "expired")
                         return Verdict.DROP
                     claim = await calls.claim(key, idempotent=tool.idempotent)
                     if claim.owns:
@@ -299,12 +322,15 @@ class ToolServer:
                 if claim.kind is ClaimKind.DONE:
                     assert claim.reply is not None
                     log.info("call %s (%s) answered from its stored reply", request.call_id, key)
+                    self.metrics.skipped(tool.name, "replayed")
                     return _readdressed(claim.reply, request.call_id)
                 if claim.kind is ClaimKind.ORPHANED:
+                    self.metrics.skipped(tool.name, "orphaned")
                     return await self._answer_orphan(request, tool, claim)
                 await asyncio.sleep(self.config.duplicate_poll_s)
         except Exception as exc:  # Redis unreachable: answer instead of losing the call
             log.exception("cannot check call %s against its stored reply", request.call_id)
+            self.metrics.skipped(tool.name, "store_unavailable")
             return encode_reply(
                 error_reply(request.call_id, f"the tool service cannot reach its store: {exc}")
             )
@@ -371,7 +397,8 @@ class ToolServer:
         keeper = asyncio.create_task(self._keep_lease(claim), name=f"lease:{claim.key}")
         started = time.monotonic()
         try:
-            reply = await run_tool(tool, request, ctx, clock=self.clock)
+            with self.metrics.in_progress.labels(tool.name).track_inprogress():
+                reply, outcome = await execute_tool(tool, request, ctx, clock=self.clock)
         except asyncio.CancelledError:
             keeper.cancel()
             with contextlib.suppress(Exception):
@@ -379,13 +406,9 @@ class ToolServer:
             raise
         finally:
             keeper.cancel()
-        log.info(
-            "call %s of %s: %s in %.3fs",
-            request.call_id,
-            tool.name,
-            reply.status,
-            time.monotonic() - started,
-        )
+        elapsed = time.monotonic() - started
+        self.metrics.ran(tool.name, outcome, elapsed)
+        log.info("call %s of %s: %s in %.3fs", request.call_id, tool.name, reply.status, elapsed)
         body = encode_reply(reply)
         try:
             earlier = await calls.store(claim.key, body, reply.status, token=claim.token)

@@ -1,7 +1,8 @@
 """Tool service configuration: environment variables with the ``LOOPWIRE_`` prefix, nested with ``__``.
 
 Examples: ``LOOPWIRE_AMQP_URL=amqp://user:pass@rabbit:5672/``,
-``LOOPWIRE_TOOLS__CONCURRENCY=32``, ``LOOPWIRE_TOOLS__GRACE_S=30``.
+``LOOPWIRE_TOOLS__CONCURRENCY=32``, ``LOOPWIRE_TOOLS__GRACE_S=30``,
+``LOOPWIRE_TOOLS__HTTP_PORT=9465`` (serve ``/metrics``, ``/livez``, ``/readyz``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ class ToolServiceSettings(BaseModel):
     )
     duplicate_poll_s: float = Field(
         default=0.05, gt=0, le=10, description="How often a duplicate polls for the stored reply."
+    )
+    http_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Port of /metrics, /livez, /readyz (0: off; the container image sets 9465).",
     )
 
     @model_validator(mode="after")

@@ -7,7 +7,11 @@
 - Transient failures (Redis down, a lost lease race) send the message to the
   delay queue and ack it: the work is never lost and no worker blocks.
 - An unexpected error in a step is retried through the delay queue up to
-  ``max_step_attempts`` times, then dead-lettered with the error as reason.
+  ``max_step_attempts`` times, then dead-lettered with the error as reason; a
+  message redelivered ``poison_after`` times (it keeps killing workers) is
+  dead-lettered before the broker's own delivery limit does it without a
+  reason. A dead-lettered *step* ends its turn with ``finish_reason: error``
+  (``turn.failed``, a reply to the publisher) so the session's next turn runs.
 - Every publish uses confirms; the message is acked only after all of them.
 """
 
@@ -21,6 +25,7 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
+from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from contracts import topology as t
@@ -32,6 +37,7 @@ from contracts.work import StepWork
 from worker import failpoints
 from worker.errors import PermanentError, RetryableError
 from worker.loop import EventSink
+from worker.metrics import WorkerMetrics
 from worker.turns import Action, Busy, Drop, Reply, Step, TurnWork
 
 log = logging.getLogger("loopwire.consumer")
@@ -48,18 +54,28 @@ class Consumer:
         events: EventSink,
         busy_retry_s: float = 0.5,
         max_step_attempts: int = 5,
+        poison_after: int = t.TURN_DELIVERY_LIMIT - 2,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
+        self.metrics = metrics if metrics is not None else WorkerMetrics(CollectorRegistry())
         self.work = work
         self.default = default_exchange
         self.dead_letter = dead_letter
         self.events = events
         self.busy_retry_s = busy_retry_s
         self.max_step_attempts = max_step_attempts
+        self.poison_after = poison_after
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Handle one work message; every path ends in exactly one ack."""
         headers: dict[str, Any] = dict(message.headers or {})
         try:
+            deliveries = int(headers.get("x-delivery-count", 0))
+            if deliveries >= self.poison_after:
+                raise PermanentError(
+                    f"delivered {deliveries + 1} times without being done (it may crash workers)",
+                    code="poison",
+                )
             actions = await self._dispatch(message, headers)
             await self._perform(message, headers, actions)
         except DecodeError as exc:
@@ -68,7 +84,7 @@ class Consumer:
             await self._reject(message, str(exc), exc.code)
         except (RetryableError, RedisError, ConnectionError) as exc:
             log.warning("retrying work after a transient failure: %s", exc)
-            await self._retry(message, headers, attempt_failed=False)
+            await self._retry(message, headers, attempt_failed=False, reason="transient")
         except Exception as exc:
             log.exception("step failed")
             attempt = int(headers.get(t.H_ATTEMPT, 0)) + 1
@@ -76,7 +92,7 @@ class Consumer:
                 reason = f"step failed {attempt} times: {type(exc).__name__}: {exc}"
                 await self._reject(message, reason, "step_failed")
             else:
-                await self._retry(message, headers, attempt_failed=True)
+                await self._retry(message, headers, attempt_failed=True, reason="failed")
         failpoints.hit("before_ack")
         await message.ack()
 
@@ -85,7 +101,9 @@ class Consumer:
     ) -> list[Action]:
         kind = headers.get(t.H_KIND, t.KIND_START)
         if kind == t.KIND_STEP:
-            return await self.work.on_step(decode(message.body, StepWork))
+            work = decode(message.body, StepWork)
+            with self.metrics.steps_in_progress.track_inprogress():
+                return await self.work.on_step(work)
         if kind == t.KIND_START:
             return await self.work.on_request(decode(message.body, TurnRequest))
         raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
@@ -109,9 +127,10 @@ class Consumer:
                 )
             elif isinstance(action, Busy):
                 log.debug("session busy; retrying %s later", message.message_id)
-                await self._retry(message, headers, attempt_failed=False)
+                await self._retry(message, headers, attempt_failed=False, reason="busy")
             elif isinstance(action, Drop):
                 log.debug("dropping work: %s", action.reason)
+                self.metrics.dropped.labels(action.code).inc()
 
     async def publish_step(self, work: StepWork) -> None:
         await self.default.publish(
@@ -126,10 +145,17 @@ class Consumer:
         )
 
     async def _retry(
-        self, message: AbstractIncomingMessage, headers: dict[str, Any], *, attempt_failed: bool
+        self,
+        message: AbstractIncomingMessage,
+        headers: dict[str, Any],
+        *,
+        attempt_failed: bool,
+        reason: str,
     ) -> None:
         attempt = int(headers.get(t.H_ATTEMPT, 0)) + (1 if attempt_failed else 0)
-        delay = self.busy_retry_s * (2 ** min(attempt, 5) if attempt_failed else 1)
+        # One delay for every retry: messages in the delay queue expire in order, so a longer
+        # backoff would hold back the short retries queued behind it.
+        delay = self.busy_retry_s
         await self.default.publish(
             aio_pika.Message(
                 message.body,
@@ -143,10 +169,20 @@ class Consumer:
             ),
             routing_key=t.RETRY_QUEUE,
         )
+        self.metrics.retried.labels(reason).inc()
 
     async def _reject(self, message: AbstractIncomingMessage, reason: str, code: str) -> None:
         headers = dict(message.headers or {})
         reason = reason.replace("\n", " ")[:1000]
+        step = _step_work(message.body) if headers.get(t.H_KIND) == t.KIND_STEP else None
+        if step is not None:
+            # A step that can never succeed ends its turn with an error: the publisher is told
+            # (turn.failed, reply) and the session's next turn can run.
+            actions = await self.work.fail_turn(step, code, reason)
+            if any(isinstance(action, Busy) for action in actions):
+                await self._retry(message, headers, attempt_failed=False, reason="busy")
+                return
+            await self._perform(message, headers, actions)
         log.warning("dead-lettering work (%s): %s", code, reason)
         await self.dead_letter.publish(
             aio_pika.Message(
@@ -166,7 +202,9 @@ class Consumer:
             ),
             routing_key=t.TURNS_QUEUE,
         )
-        await self._announce_rejected(message.body, reason, code)
+        self.metrics.dead_lettered.labels(code).inc()
+        if step is None:
+            await self._announce_rejected(message.body, reason, code)
 
     async def _announce_rejected(self, body: bytes, reason: str, code: str) -> None:
         turn_id, agent, session_id = _readable_ids(body)
@@ -184,6 +222,13 @@ class Consumer:
             await self.events.emit(event)
         except Exception:
             log.exception("could not publish turn.rejected")
+
+
+def _step_work(body: bytes) -> StepWork | None:
+    try:
+        return decode(body, StepWork)
+    except DecodeError:
+        return None
 
 
 def _readable_ids(body: bytes) -> tuple[str | None, str | None, str | None]:

@@ -1,9 +1,14 @@
-"""Failpoints for crash testing: ``LOOPWIRE_FAILPOINTS=name[,name…]`` makes the process die
-(``os._exit(137)``, as if SIGKILLed) the first time it reaches a named point.
+"""Failpoints for crash testing.
 
-Points: ``model_saved`` (the model's answer was saved, no tool dispatched yet),
+``LOOPWIRE_FAILPOINTS=name[,name…]`` makes the process die (``os._exit(137)``,
+as if SIGKILLed) when it reaches a named point; ``raise-<name>`` makes it raise
+``FailpointError`` there instead, every time (a step that can never succeed).
+
+Points: ``step_begin`` (a step message was taken, its lease held),
+``model_saved`` (the model's answer was saved, no tool dispatched yet),
 ``tool_dispatched`` (a tool call was published), ``tool_result_saved`` (a tool
-result was saved), ``before_ack`` (everything of a step was saved and published,
+result was saved), ``step_saved`` (a step was saved, the next step's message not
+published yet), ``before_ack`` (everything of a step was saved and published,
 the work message not acked yet). Unset in production: then ``hit`` is a no-op.
 """
 
@@ -15,8 +20,16 @@ import sys
 _ARMED = frozenset(filter(None, os.environ.get("LOOPWIRE_FAILPOINTS", "").split(",")))
 
 
+class FailpointError(RuntimeError):
+    """Raised at an armed ``raise-<name>`` failpoint."""
+
+
 def hit(point: str) -> None:
+    if not _ARMED:
+        return
     if point in _ARMED:
         sys.stderr.write(f"failpoint {point}: exiting\n")
         sys.stderr.flush()
         os._exit(137)
+    if f"raise-{point}" in _ARMED:
+        raise FailpointError(f"failpoint {point}")

@@ -1,10 +1,23 @@
 """The model behind the loop: any OpenAI-compatible chat-completions endpoint.
 
 The ``openai`` client is kept for its typed errors, its retries (429 and 5xx,
-with backoff) and its bounded timeouts. The request body is built here from
-loopwire's own already-validated messages and posted with ``client.post``, which
-skips the per-call recursive transformation that ``chat.completions.create``
-applies to every message of the history.
+with backoff, honouring ``Retry-After``) and its bounded timeouts. What it costs
+per call is not: ``chat.completions.create`` transforms the whole request
+recursively on every call (~10 ms of CPU with a 40-message history), and even
+``client.post`` with a dict body serializes it through the client and then
+builds typed pydantic models from the answer. So the adapter
+
+- builds the body from loopwire's own already-validated messages and encodes it
+  to JSON once (the bytes go to the client as ``content``: a replayable body, so
+  the client's retries resend the very same bytes);
+- asks the client for the raw ``httpx2.Response`` (``cast_to``), so the
+  status handling, retries and error types are still the client's, and reads
+  the few fields it needs from ``json.loads`` of the body itself.
+
+The HTTP transport is chosen where the client is built (``worker.app``): the
+client's aiohttp transport (``openai.DefaultAioHttpClient``) costs about half
+of httpx's own connection pool per call, and much less under many concurrent
+calls. ``tests/bench`` measures every variant (``--scenario adapter``).
 
 A 200 response whose body is not JSON, or not a chat completion, is not retried
 by the client; this adapter retries it a bounded number of times and then fails
@@ -13,13 +26,14 @@ the turn with ``model_bad_response``.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
 
+import httpx2
 import openai
 from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletion
 
 from contracts.messages import ChatMessage, ToolCall, Usage
 from contracts.state import ModelResponse
@@ -64,27 +78,58 @@ def build_body(request: ModelRequest, default_model: str) -> dict[str, Any]:
     return body
 
 
-def parse_completion(completion: ChatCompletion, elapsed: float) -> ModelResponse:
-    if not completion.choices:
+def encode_body(request: ModelRequest, default_model: str) -> bytes:
+    """The request as JSON bytes, encoded once (compact, UTF-8, no NaN: what the client sends)."""
+    return json.dumps(
+        build_body(request, default_model),
+        ensure_ascii=False,
+        separators=(",", ":"),
+        allow_nan=False,
+    ).encode()
+
+
+def parse_completion(data: Any, elapsed: float) -> ModelResponse:
+    """A chat completion (decoded JSON) as a ``ModelResponse``; ``ValueError`` when it is not one."""
+    if not isinstance(data, dict):
+        raise ValueError(f"the response is a JSON {type(data).__name__}, not an object")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
         raise ValueError("the response has no choices")
-    choice = completion.choices[0]
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise ValueError("the first choice has no message")
     calls = tuple(
-        ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments or "{}")
-        for call in (choice.message.tool_calls or ())
-        if call.type == "function"
+        _tool_call(call) for call in message.get("tool_calls") or () if _is_function(call)
     )
-    usage = completion.usage
+    usage = data.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     return ModelResponse(
-        message=ChatMessage(role="assistant", content=choice.message.content, tool_calls=calls),
-        finish_reason=choice.finish_reason or ("tool_calls" if calls else "stop"),
+        message=ChatMessage(role="assistant", content=message.get("content"), tool_calls=calls),
+        finish_reason=choice.get("finish_reason") or ("tool_calls" if calls else "stop"),
         usage=Usage(
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            total_tokens=usage.total_tokens if usage else 0,
+            prompt_tokens=usage.get("prompt_tokens") or 0,
+            completion_tokens=usage.get("completion_tokens") or 0,
+            total_tokens=usage.get("total_tokens") or 0,
         ),
-        model=completion.model or "",
-        response_id=completion.id,
+        model=data.get("model") or "",
+        response_id=data.get("id"),
         duration_s=elapsed,
+    )
+
+
+def _is_function(call: Any) -> bool:
+    if not isinstance(call, dict):
+        raise ValueError("a tool call is not an object")
+    return bool(call.get("type", "function") == "function")
+
+
+def _tool_call(call: dict[str, Any]) -> ToolCall:
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise ValueError("a tool call has no function")
+    return ToolCall(
+        id=call.get("id"), name=function.get("name"), arguments=function.get("arguments") or "{}"
     )
 
 
@@ -97,15 +142,15 @@ class OpenAIModel:
         self.bad_response_retries = bad_response_retries
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        body = build_body(request, self.default_model)
+        body = encode_body(request, self.default_model)
         attempts = self.bad_response_retries + 1
         for attempt in range(1, attempts + 1):
             started = time.monotonic()
             try:
-                completion = await self.client.post(
-                    "/chat/completions", body=body, cast_to=ChatCompletion
+                response = await self.client.post(
+                    "/chat/completions", content=body, cast_to=httpx2.Response
                 )
-                return parse_completion(completion, time.monotonic() - started)
+                return parse_completion(json.loads(response.content), time.monotonic() - started)
             except openai.APIStatusError as exc:
                 raise ModelError(
                     f"model endpoint answered {exc.status_code}: {_short(exc.message)}",
@@ -115,12 +160,7 @@ class OpenAIModel:
                 raise ModelError(
                     f"model endpoint unreachable: {_short(str(exc))}", code="model_unavailable"
                 ) from exc
-            except (
-                ValueError,
-                TypeError,
-                AttributeError,
-                openai.APIResponseValidationError,
-            ) as exc:
+            except (ValueError, TypeError) as exc:  # json, shape, and pydantic validation errors
                 log.warning(
                     "malformed model response (attempt %d of %d): %s", attempt, attempts, exc
                 )

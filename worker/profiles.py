@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from contracts.base import AgentName, Contract
 from contracts.turns import LoopLimits
+from worker.redaction import REDACT
+from worker.redaction.config import RedactionConfig
 
 
 class AgentProfile(Contract):
@@ -27,6 +29,17 @@ class AgentProfile(Contract):
     )
     limits: LoopLimits = LoopLimits()
     hooks: tuple[str, ...] = Field(default=(), description="Names of built-in hook sets to enable.")
+    redaction: RedactionConfig = Field(
+        default_factory=RedactionConfig,
+        description="Configuration of the 'redact' hook set (worker.redaction).",
+    )
+
+    @model_validator(mode="after")
+    def _redaction_enabled(self) -> AgentProfile:
+        # A redaction block without the hook set would quietly send raw values to the model.
+        if "redaction" in self.model_fields_set and REDACT not in self.hooks:
+            raise ValueError(f"'redaction' is configured but {REDACT!r} is not in 'hooks'")
+        return self
 
     def allows(self, tool: str) -> bool:
         return "*" in self.tools or tool in self.tools

@@ -13,11 +13,14 @@ correlation id. Pending calls are a dict of futures; a lost reply times out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import aio_pika
@@ -28,7 +31,8 @@ from contracts.codec import DecodeError, decode, encode
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
 from worker import failpoints
-from worker.errors import ToolCallError
+from worker.errors import RetryableError, ToolCallError
+from worker.loop.interfaces import ToolUnavailableError
 
 log = logging.getLogger("loopwire.rpc")
 
@@ -36,8 +40,15 @@ log = logging.getLogger("loopwire.rpc")
 class ToolRPC:
     """``ToolCaller`` over RabbitMQ. ``start()`` before use; one per worker process."""
 
-    def __init__(self, channel: AbstractChannel) -> None:
+    def __init__(
+        self,
+        channel: AbstractChannel,
+        *,
+        in_progress: Callable[[str], AbstractContextManager[object]] | None = None,
+    ) -> None:
         self.channel = channel
+        self.in_progress = in_progress or (lambda _tool: contextlib.nullcontext())
+        """Wraps each call from publish to reply (the worker counts calls in progress with it)."""
         self.futures: dict[str, asyncio.Future[ToolCallReply]] = {}
         self.exchange: AbstractExchange | None = None
         self.queue: AbstractQueue | None = None
@@ -50,6 +61,17 @@ class ToolRPC:
         name = f"loopwire.replies.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self.queue = await self.channel.declare_queue(name, exclusive=True, auto_delete=True)
         await self.queue.consume(self._on_reply, no_ack=True)
+        self.channel.close_callbacks.add(self._on_channel_closed)
+
+    def _on_channel_closed(self, *_: object) -> None:
+        """The reply queue is exclusive: replies sent while the connection is down are lost.
+        Calls waiting for one are failed as retryable, so their step is redone and each call
+        re-sent with its idempotency key (the tool service answers from its stored reply)."""
+        for future in self.futures.values():
+            if not future.done():
+                future.set_exception(
+                    RetryableError("the broker connection was lost during a tool call")
+                )
 
     async def call(self, request: ToolCallRequest, definition: ToolDefinition) -> ToolCallReply:
         if self.exchange is None or self.queue is None:
@@ -69,18 +91,19 @@ class ToolRPC:
         future: asyncio.Future[ToolCallReply] = asyncio.get_running_loop().create_future()
         self.futures[key] = future
         try:
-            try:
-                await self.exchange.publish(message, routing_key=request.tool, mandatory=True)
-            except PublishError as exc:
-                raise ToolCallError(
-                    f"tool unavailable: no service is bound for {request.tool!r}"
-                ) from exc
-            except DeliveryError as exc:
-                raise ToolCallError(
-                    f"tool unavailable: the broker refused the call ({exc})"
-                ) from exc
-            failpoints.hit("tool_dispatched")
-            return await future
+            with self.in_progress(request.tool):
+                try:
+                    await self.exchange.publish(message, routing_key=request.tool, mandatory=True)
+                except PublishError as exc:
+                    raise ToolUnavailableError(
+                        f"tool unavailable: no service is bound for {request.tool!r}"
+                    ) from exc
+                except DeliveryError as exc:
+                    raise ToolUnavailableError(
+                        f"tool unavailable: the broker refused the call ({exc})"
+                    ) from exc
+                failpoints.hit("tool_dispatched")
+                return await future
         finally:
             self.futures.pop(key, None)
 

@@ -14,33 +14,43 @@ Layout (keys from ``contracts.keys``, all under the session's hash tag):
 Every write is one Lua script that first checks the caller still holds the
 lease (its token) and that the state's version is the one it loaded, so a
 stale worker can never overwrite a newer one.
+
+Round trips per step: the lease script also returns the session history, and
+the step's ``SessionHandle`` keeps it current with what it appends itself (no
+other writer can append while the lease is held) until the loop compiles the
+model request from it; nothing of it is kept after that (the step then waits
+seconds for the model, with thousands of steps in flight). Messages are
+decoded in one batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
+from pydantic import TypeAdapter
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import keys
-from contracts.codec import decode, encode
+from contracts.codec import decode, decode_obj, encode, validate
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
 from worker import failpoints
 from worker.errors import StaleStateError
 
-# KEYS: lease fence state history ; ARGV: ttl_ms, want_history(0/1)
+# KEYS: lease fence state history ; ARGV: ttl_ms
 _BEGIN: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
 local state = redis.call('HMGET', KEYS[3], 'v', 's')
-return {token, state[1] or false, state[2] or false}
+return {token, state[1] or false, state[2] or false, redis.call('LRANGE', KEYS[4], 0, -1)}
 """
 
 # KEYS: lease ; ARGV: token, ttl_ms
@@ -96,6 +106,13 @@ return {'queued', tostring(len - 1)}
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
 
+Timed = Callable[[str], AbstractContextManager[object]]
+"""Wraps one store operation by name (``accept``, ``lease``, ``save`` …), e.g. to time it."""
+
+
+def _untimed(_operation: str) -> AbstractContextManager[object]:
+    return contextlib.nullcontext()
+
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
@@ -112,15 +129,24 @@ class Lease:
     session_id: str
     token: int
     state: AgentState | None
+    history: list[bytes] | None = None
+    """The session history (msgpack messages) read with the lease; the step's ``SessionHandle``
+    takes it over and empties it, so the raw bytes are not kept for the whole step."""
 
 
 class RedisStore:
     """The session store; ``SessionHandle`` is its ``StateStore`` for one leased step."""
 
     def __init__(
-        self, redis: Redis, *, lease_ttl_s: float = 15.0, ttl_s: int = DEFAULT_TTL_S
+        self,
+        redis: Redis,
+        *,
+        lease_ttl_s: float = 15.0,
+        ttl_s: int = DEFAULT_TTL_S,
+        timed: Timed = _untimed,
     ) -> None:
         self.redis = redis
+        self.timed = timed
         self.lease_ms = int(lease_ttl_s * 1000)
         self.ttl_s = ttl_s
         self._begin = redis.register_script(_BEGIN)
@@ -131,15 +157,16 @@ class RedisStore:
 
     async def accept(self, request: TurnRequest) -> Accepted:
         s, t = request.session_id, request.turn_id
-        status, payload = await self._accept(
-            keys=[
-                keys.session_turns(s),
-                keys.session_requests(s),
-                keys.session_queue(s),
-                keys.turn_result(s, t),
-            ],
-            args=[t, encode(request), self.ttl_s],
-        )
+        with self.timed("accept"):
+            status, payload = await self._accept(
+                keys=[
+                    keys.session_turns(s),
+                    keys.session_requests(s),
+                    keys.session_queue(s),
+                    keys.turn_result(s, t),
+                ],
+                args=[t, encode(request), self.ttl_s],
+            )
         status = status.decode() if isinstance(status, bytes) else status
         if status == "done":
             return Accepted("done", result=decode(payload, TurnResult))
@@ -149,47 +176,56 @@ class RedisStore:
 
     async def lease(self, session_id: str) -> Lease | None:
         """Take the session's lease and load its state; ``None`` when another worker holds it."""
-        reply = await self._begin(
-            keys=[
-                keys.session_lease(session_id),
-                keys.session_fence(session_id),
-                keys.session_state(session_id),
-            ],
-            args=[self.lease_ms],
-        )
+        with self.timed("lease"):
+            reply = await self._begin(
+                keys=[
+                    keys.session_lease(session_id),
+                    keys.session_fence(session_id),
+                    keys.session_state(session_id),
+                    keys.session_history(session_id),
+                ],
+                args=[self.lease_ms],
+            )
         if not reply[0]:
             return None
-        blob = reply[2]
-        state = decode(blob, AgentState) if blob else None
-        if state is not None and reply[1] is not None:
-            state = state.model_copy(update={"version": int(reply[1])})
-        return Lease(session_id, int(reply[0]), state)
+        state = None
+        if reply[2]:
+            data = decode_obj(_bytes(reply[2]))
+            if isinstance(data, dict) and reply[1] is not None:
+                data["version"] = int(reply[1])  # the version lives beside the blob
+            state = validate(data, AgentState)
+        return Lease(session_id, int(reply[0]), state, [_bytes(b) for b in reply[3]])
 
     async def renew(self, lease: Lease) -> bool:
-        return bool(
-            await self._renew(
-                keys=[keys.session_lease(lease.session_id)], args=[lease.token, self.lease_ms]
+        with self.timed("renew"):
+            return bool(
+                await self._renew(
+                    keys=[keys.session_lease(lease.session_id)], args=[lease.token, self.lease_ms]
+                )
             )
-        )
 
     async def release(self, lease: Lease) -> None:
-        await self._release(keys=[keys.session_lease(lease.session_id)], args=[lease.token])
+        with self.timed("release"):
+            await self._release(keys=[keys.session_lease(lease.session_id)], args=[lease.token])
 
     async def head(self, session_id: str) -> str | None:
-        value = await self.redis.lindex(keys.session_queue(session_id), 0)
+        with self.timed("read"):
+            value = await self.redis.lindex(keys.session_queue(session_id), 0)
         return value.decode() if isinstance(value, bytes) else value
 
     async def request(self, session_id: str, turn_id: str) -> TurnRequest | None:
-        blob = await self.redis.hget(keys.session_requests(session_id), turn_id)
+        with self.timed("read"):
+            blob = await self.redis.hget(keys.session_requests(session_id), turn_id)
         return decode(_bytes(blob), TurnRequest) if blob else None
 
     async def result(self, session_id: str, turn_id: str) -> TurnResult | None:
-        blob = await self.redis.get(keys.turn_result(session_id, turn_id))
+        with self.timed("read"):
+            blob = await self.redis.get(keys.turn_result(session_id, turn_id))
         return decode(_bytes(blob), TurnResult) if blob else None
 
     async def history(self, session_id: str) -> list[ChatMessage]:
         items = await self.redis.lrange(keys.session_history(session_id), 0, -1)
-        return [_message(item) for item in items]
+        return _messages(items)
 
     def handle(self, lease: Lease) -> SessionHandle:
         return SessionHandle(self, lease)
@@ -202,20 +238,29 @@ class SessionHandle:
         self.store = store
         self.lease = lease
         self.next_turn: str | None = None
+        self._history = lease.history
+        """The session history read with the lease plus what this step appended since; handed
+        out once (``load_messages``), then dropped."""
 
     async def load_messages(self, state: AgentState) -> list[ChatMessage]:
         redis = self.store.redis
         sid = state.session_id
         ex = state.execution
-        if ex is None or ex.request.persist:
-            items = await redis.lrange(keys.session_history(sid), 0, -1)
-        else:
-            async with redis.pipeline(transaction=False) as pipe:
-                pipe.lrange(keys.session_history(sid), 0, ex.history_start - 1)
-                pipe.lrange(keys.turn_transient(sid, ex.turn_id), 0, -1)
-                before, during = await pipe.execute()
-            items = [*before, *during] if ex.history_start > 0 else list(during)
-        return [_message(item) for item in items]
+        if self._history is not None and (ex is None or ex.request.persist):
+            messages = _messages(self._history)
+            self._history.clear()  # the same list as ``lease.history``: free the bytes now
+            self._history = None
+            return messages
+        with self.store.timed("load_messages"):
+            if ex is None or ex.request.persist:
+                items = await redis.lrange(keys.session_history(sid), 0, -1)
+            else:
+                async with redis.pipeline(transaction=False) as pipe:
+                    pipe.lrange(keys.session_history(sid), 0, ex.history_start - 1)
+                    pipe.lrange(keys.turn_transient(sid, ex.turn_id), 0, -1)
+                    before, during = await pipe.execute()
+                items = [*before, *during] if ex.history_start > 0 else list(during)
+        return _messages(items)
 
     async def save(
         self,
@@ -230,6 +275,7 @@ class SessionHandle:
         transient = ex is not None and not ex.request.persist
         target = keys.turn_transient(sid, turn_id) if transient else keys.session_history(sid)
         stored = state.model_copy(update={"version": 0})
+        appended = [encode(m) for m in append]
         args: list[Any] = [
             self.lease.token,
             state.version,
@@ -238,28 +284,31 @@ class SessionHandle:
             self.store.ttl_s,
             encode(result) if result is not None else "",
             turn_id,
-            len(append),
-            *(encode(m) for m in append),
+            len(appended),
+            *appended,
         ]
         result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
         try:
-            version, head = await self.store._save(
-                keys=[
-                    keys.session_lease(sid),
-                    keys.session_state(sid),
-                    target,
-                    result_key,
-                    keys.session_turns(sid),
-                    keys.session_queue(sid),
-                    keys.session_requests(sid),
-                ],
-                args=args,
-            )
+            with self.store.timed("save"):
+                version, head = await self.store._save(
+                    keys=[
+                        keys.session_lease(sid),
+                        keys.session_state(sid),
+                        target,
+                        result_key,
+                        keys.session_turns(sid),
+                        keys.session_queue(sid),
+                        keys.session_requests(sid),
+                    ],
+                    args=args,
+                )
         except ResponseError as exc:
             if "STALE" in str(exc):
                 raise StaleStateError(f"session {sid}: {exc}") from None
             raise
         _failpoint_after_save(state, append)
+        if self._history is not None and not transient:
+            self._history.extend(appended)
         if result is not None:
             head = head.decode() if isinstance(head, bytes) else head
             self.next_turn = head or None
@@ -276,8 +325,12 @@ def _failpoint_after_save(state: AgentState, append: Sequence[ChatMessage]) -> N
         failpoints.hit("tool_result_saved")
 
 
-def _message(blob: bytes | str) -> ChatMessage:
-    return ChatMessage.model_validate(msgpack.unpackb(_bytes(blob), raw=False))
+_MESSAGES: Final = TypeAdapter(list[ChatMessage])
+
+
+def _messages(blobs: Sequence[bytes | str]) -> list[ChatMessage]:
+    """Decode stored messages, validated in one batch (cheaper than one model at a time)."""
+    return _MESSAGES.validate_python([msgpack.unpackb(_bytes(b), raw=False) for b in blobs])
 
 
 def _bytes(value: bytes | str) -> bytes:

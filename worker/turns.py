@@ -10,6 +10,10 @@ Ordering: a session's unfinished turns sit in a Redis list in arrival order;
 only the head runs, and the worker that finishes it kicks the next one (the
 finish and the pop are one script). A worker that finds the session leased by
 another worker does not wait: the message goes to the delay queue (``Busy``).
+
+Every ``Reply`` carries ``deliver(result)``: the publisher's copy of a result
+(e.g. placeholders restored by the ``redact`` hook set), while the stored
+result and the ``turn.completed`` event keep what the loop produced.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
-from contracts.turns import TurnRequest, TurnResult
+from contracts.messages import Usage
+from contracts.state import AgentState
+from contracts.turns import TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
+from worker import failpoints
 from worker.errors import PermanentError
 from worker.loop import EventSink, Finished, Loop, new_execution
 from worker.profiles import AgentProfile, AgentProfiles
@@ -57,10 +64,18 @@ class Drop:
     """Nothing to do (a duplicate or stale message): ack it."""
 
     reason: str
+    code: str = "duplicate"
+    """A fixed code for metrics: ``duplicate_request``, ``stale_step``, ``finished_turn``,
+    ``missing_request``."""
 
 
 Action = Step | Reply | Busy | Drop
 LoopFactory = Callable[[SessionHandle, AgentProfile], Loop]
+Deliver = Callable[[TurnResult], Awaitable[TurnResult]]
+
+
+async def _as_is(result: TurnResult) -> TurnResult:
+    return result
 
 
 class TurnWork:
@@ -72,12 +87,14 @@ class TurnWork:
         loop_factory: LoopFactory,
         events: EventSink,
         clock: Callable[[], float] = time.time,
+        deliver: Deliver = _as_is,
     ) -> None:
         self.store = store
         self.profiles = profiles
         self.loop_factory = loop_factory
         self.events = events
         self.clock = clock
+        self.deliver = deliver
 
     def profile(self, agent: str) -> AgentProfile:
         profile = self.profiles.get(agent)
@@ -92,16 +109,18 @@ class TurnWork:
             assert accepted.result is not None
             replies: list[Action] = []
             if request.reply_to:
-                replies.append(Reply(request.reply_to, accepted.result))
-            return [*replies, Drop("duplicate turn request: already finished")]
+                replies.append(Reply(request.reply_to, await self.deliver(accepted.result)))
+            return [*replies, Drop("duplicate turn request: already finished", "duplicate_request")]
         if accepted.status == "pending":
-            # A duplicate of a turn not finished yet. If it is the session's head, kick it
-            # again: the first delivery may have died between accepting it and kicking it.
+            # A duplicate of a turn not finished yet. The first delivery may have died between
+            # accepting it and announcing or kicking it: announce again (same event id) and, if
+            # it is the session's head, kick it again (a duplicate kick is dropped as stale).
+            await self._emit_accepted(request)
             if await self.store.head(request.session_id) == request.turn_id:
                 return [
                     Step(StepWork(session_id=request.session_id, turn_id=request.turn_id, step=0))
                 ]
-            return [Drop("duplicate turn request: still queued or running")]
+            return [Drop("duplicate turn request: still queued or running", "duplicate_request")]
         await self._emit_accepted(request)
         if accepted.status == "start":
             return [Step(StepWork(session_id=request.session_id, turn_id=request.turn_id, step=0))]
@@ -124,6 +143,7 @@ class TurnWork:
                 await self.store.release(lease)
 
     async def _step(self, lease: Lease, work: StepWork) -> tuple[list[Action], bool]:
+        failpoints.hit("step_begin")
         state = lease.state
         ex = state.execution if state else None
         handle = self.store.handle(lease)
@@ -133,33 +153,86 @@ class TurnWork:
                 return await self._already_done(work, head), False
             request = await self.store.request(work.session_id, work.turn_id)
             if request is None:
-                return [Drop(f"turn {work.turn_id} has no stored request")], False
+                return [
+                    Drop(f"turn {work.turn_id} has no stored request", "missing_request")
+                ], False
             profile = self.profile(request.agent)
             state = await handle.save(new_execution(state, request, profile, self.clock()))
             ex = state.execution
             assert ex is not None
         elif ex.turn_id != work.turn_id or work.step != len(ex.steps):
-            return [Drop(f"stale step message {work.turn_id}#{work.step}")], False
+            if ex.turn_id == work.turn_id and ex.pending is None and work.step == len(ex.steps) - 1:
+                # This step was saved, but the worker may have died before publishing the next
+                # one: publish it again (a duplicate of it is dropped as stale).
+                following = StepWork(
+                    session_id=work.session_id, turn_id=work.turn_id, step=work.step + 1
+                )
+                return [Step(following)], False
+            return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")], False
         assert state is not None
         profile = self.profile(ex.request.agent)
         outcome = await self.loop_factory(handle, profile).step(state, profile)
         if isinstance(outcome, Finished):
-            return self._finish_actions(outcome.result, ex.request, handle.next_turn), True
+            reply = await self.deliver(outcome.result) if ex.request.reply_to else outcome.result
+            return self._finish_actions(reply, ex.request, handle.next_turn), True
         next_ex = outcome.state.execution
         assert next_ex is not None
+        failpoints.hit("step_saved")
         return [
             Step(
                 StepWork(session_id=work.session_id, turn_id=work.turn_id, step=len(next_ex.steps))
             )
         ], False
 
-    async def _already_done(self, work: StepWork, head: str | None) -> list[Action]:
-        """A step message for a turn that is not running: a duplicate, or the redelivered last
-        step of a finished turn whose effects (reply, event, next kick) may not have gone out."""
-        result = await self.store.result(work.session_id, work.turn_id)
-        if result is None or work.step < max(result.steps - 1, 0):
-            return [Drop(f"stale step message {work.turn_id}#{work.step}")]
-        request = await self.store.request(work.session_id, work.turn_id)
+    async def fail_turn(self, work: StepWork, code: str, reason: str) -> list[Action]:
+        """End the turn of a step that can never succeed (``finish_reason: error``), so that its
+        publisher hears of it and the session's next turn can run."""
+        lease = await self.store.lease(work.session_id)
+        if lease is None:
+            return [Busy()]
+        finished = False
+        try:
+            state = lease.state
+            ex = state.execution if state else None
+            if ex is not None and ex.turn_id != work.turn_id:
+                return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
+            request = ex.request if ex else await self.store.request(work.session_id, work.turn_id)
+            if request is None:
+                return [Drop(f"turn {work.turn_id} is not waiting to run", "missing_request")]
+            now = self.clock()
+            result = TurnResult(
+                turn_id=work.turn_id,
+                session_id=work.session_id,
+                agent=request.agent,
+                content=ex.last_content if ex else None,
+                finish_reason="error",
+                error=TurnError(code=code[:64], message=reason[:4000]),
+                usage=ex.usage if ex else Usage(),
+                steps=len(ex.steps) if ex else 0,
+                duration_s=max(0.0, now - ex.started_at) if ex else 0.0,
+                completed_at=now,
+            )
+            base = state or AgentState(
+                session_id=work.session_id, agent=request.agent, created_at=now, updated_at=now
+            )
+            final = base.model_copy(
+                update={
+                    "execution": None,
+                    "execution_count": base.execution_count + (1 if ex else 0),
+                    "updated_at": now,
+                }
+            )
+            handle = self.store.handle(lease)
+            await handle.save(final, result=result)
+            finished = True
+            await self._emit_finished(result)
+            reply = await self.deliver(result) if request.reply_to else result
+            return self._finish_actions(reply, request, handle.next_turn)
+        finally:
+            if not finished:
+                await self.store.release(lease)
+
+    async def _emit_finished(self, result: TurnResult) -> None:
         event = make_event(
             finish_event_type(result.finish_reason),
             TurnFinished(result=result),
@@ -168,13 +241,25 @@ class TurnWork:
             turn_id=result.turn_id,
             session_id=result.session_id,
         )
-        await self.events.emit(event)
+        try:
+            await self.events.emit(event)
+        except Exception:
+            log.exception("could not publish the end of turn %s", result.turn_id)
+
+    async def _already_done(self, work: StepWork, head: str | None) -> list[Action]:
+        """A step message for a turn that is not running: a duplicate, or the redelivered last
+        step of a finished turn whose effects (reply, event, next kick) may not have gone out."""
+        result = await self.store.result(work.session_id, work.turn_id)
+        if result is None or work.step < max(result.steps - 1, 0):
+            return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
+        request = await self.store.request(work.session_id, work.turn_id)
+        await self._emit_finished(result)
         actions: list[Action] = []
         if request is not None and request.reply_to:
-            actions.append(Reply(request.reply_to, result))
+            actions.append(Reply(request.reply_to, await self.deliver(result)))
         if head is not None and head != work.turn_id:
             actions.append(Step(StepWork(session_id=work.session_id, turn_id=head, step=0)))
-        return [*actions, Drop("finished turn: effects repeated")]
+        return [*actions, Drop("finished turn: effects repeated", "finished_turn")]
 
     def _finish_actions(
         self, result: TurnResult, request: TurnRequest, next_turn: str | None
@@ -201,9 +286,16 @@ class TurnWork:
             log.exception("could not publish turn.accepted for %s", request.turn_id)
 
     async def _renew(self, lease: Lease) -> None:
+        """Keep the lease while the step runs. A renewal that fails (Redis briefly away) is
+        tried again at the next tick; if the lease is lost, the step's next save fails."""
         interval = self.store.lease_ms / 3000
         while True:
             await asyncio.sleep(interval)
-            if not await self.store.renew(lease):
+            try:
+                renewed = await self.store.renew(lease)
+            except Exception as exc:
+                log.warning("could not renew the lease of session %s: %s", lease.session_id, exc)
+                continue
+            if not renewed:
                 log.warning("lost the lease of session %s", lease.session_id)
                 return

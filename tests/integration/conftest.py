@@ -12,9 +12,11 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from contracts.client import LoopwireClient
 from contracts.tools import ToolCallRequest
 from contracts.topology import tool_queue
 from harness import AMQP_URL as WORKER_AMQP_URL
-from harness import CountingToolService, EventRecorder, reset_topology
+from harness import CountingToolService, EventRecorder, free_port, reset_topology
 from tool_services.sdk import ToolService
 from tool_services.server import ToolServer
 
@@ -210,3 +212,34 @@ async def events() -> AsyncIterator[EventRecorder]:
     await recorder.start()
     yield recorder
     await recorder.stop()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[tuple[str, tuple[Callable[[], None], ...]]]:
+    """A redis-server of this test's own, so it can be stopped without touching the shared one."""
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    command += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(tmp_path)]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if subprocess.run(
+                ["redis-cli", "-p", str(port), "ping"], capture_output=True, check=False
+            ).stdout.startswith(b"PONG"):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("private redis did not start")
+
+    def stop() -> None:
+        procs[-1].kill()
+        procs[-1].wait(10)
+
+    start()
+    yield f"redis://127.0.0.1:{port}/0", (start, stop)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

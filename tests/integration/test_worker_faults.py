@@ -11,6 +11,7 @@ import pytest
 
 from contracts.client import LoopwireClient, TurnHandle, new_id
 from harness import (
+    AMQP_URL,
     CountingToolService,
     EventRecorder,
     WorkerProcess,
@@ -18,6 +19,7 @@ from harness import (
     session_history,
     write_agents,
 )
+from worker.dlq import list_dead
 from worker.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
@@ -34,7 +36,7 @@ async def wait_exit(worker: WorkerProcess, timeout: float = 20.0) -> int:
 
 
 @pytest.mark.parametrize(
-    "point", ["model_saved", "tool_dispatched", "tool_result_saved", "before_ack"]
+    "point", ["model_saved", "tool_dispatched", "tool_result_saved", "step_saved", "before_ack"]
 )
 async def test_killed_worker_step_is_redone_by_another(
     point: str,
@@ -134,3 +136,43 @@ async def test_many_turns_over_two_workers_keep_session_order(
         assert answers == [f"answer to {u}" for u in users]
     assert sum(lookup.executions.values()) == 50
     assert all(w.errors() == [] for w in workers)
+
+
+async def test_step_that_keeps_failing_fails_its_turn_and_frees_the_session(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    agents = write_agents(tmp_path / "agents.json", [lookup.name])
+    broken = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=agents,
+        extra_env={"LOOPWIRE_FAILPOINTS": "raise-step_begin", "LOOPWIRE_MAX_STEP_ATTEMPTS": "2"},
+    )
+    await broken.start()
+    session = new_id()
+    try:
+        failed = await client.run_turn("support", "first", session_id=session, timeout=30)
+    finally:
+        broken.close()
+    assert failed.finish_reason == "error"
+    assert failed.error is not None
+    assert failed.error.code == "step_failed"
+    assert "failpoint step_begin" in failed.error.message
+    # the dead letter keeps the step message and its reason
+    listed = [d for d in await list_dead(AMQP_URL) if d.turn_id == failed.turn_id]
+    assert [d.code for d in listed] == ["step_failed"]
+    # the session is not blocked: its next turn runs on a healthy worker
+    scripted_model.expect(Reply.text("second answer"))
+    healthy = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    await healthy.start()
+    try:
+        second = await client.run_turn("support", "second", session_id=session, timeout=30)
+    finally:
+        healthy.close()
+    assert second.content == "second answer"
+    messages = await session_history(session)
+    # the first turn failed before its first step began, so only the second is in the history
+    assert failed.steps == 0
+    assert [m.content for m in messages if m.role == "user"] == ["second"]

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from harness import (
     EventRecorder,
     WorkerProcess,
     assert_valid_transcript,
-    free_port,
     session_history,
     write_agents,
 )
@@ -89,53 +87,6 @@ async def test_stale_worker_cannot_write_after_another_took_over(
     assert [e.type for e in mine].count("tool.invoked") == 1
     assert [e.type for e in mine].count("turn.completed") == 1
     assert "STALE" in stale.stderr() or "lost the lease" in stale.stderr()
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[tuple[str, Any]]:
-    """A Redis of this test's own (append-only file), so it can be stopped and restarted."""
-    port = free_port()
-    data = tmp_path / "redis"
-    data.mkdir()
-    command = [
-        "redis-server",
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--dir",
-        str(data),
-    ]
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> None:
-        procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
-        for _ in range(100):
-            try:
-                import socket
-
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("private redis did not start")
-
-    def stop() -> None:
-        procs[-1].kill()
-        procs[-1].wait(10)
-
-    start()
-    yield f"redis://127.0.0.1:{port}/0", (start, stop)
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 async def test_redis_outage_loses_nothing_and_resumes(
@@ -341,3 +292,38 @@ async def test_unbound_and_slow_tools_come_back_as_errors(
     assert "tool unavailable" in results[0]["error"]
     assert "timed out" in results[1]["error"]
     assert elapsed < 10
+
+
+async def test_broker_connection_drop_during_a_tool_call(
+    scripted_model: ScriptedModel, client: LoopwireClient, tmp_path: Path
+) -> None:
+    release = asyncio.Event()
+
+    async def slow(request: ToolCallRequest) -> object:
+        await release.wait()
+        return {"results": ["after the drop"]}
+
+    service = CountingToolService(f"slow_{uuid.uuid4().hex[:8]}", slow)
+    await service.start()
+    scripted_model.expect(Reply.tool_calls((service.name, {"q": "a"})))
+    scripted_model.expect(
+        Reply.text("got it"),
+        check=lambda body: "after the drop" in str(tool_messages(body)),
+    )
+    agents = write_agents(tmp_path / "agents.json", [service.name])
+    worker = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    await worker.start()
+    try:
+        handle = await client.start_turn("support", "hi")
+        await asyncio.wait_for(service.call_started.wait(), 20)
+        assert worker.proc is not None
+        await asyncio.to_thread(close_worker_connection, worker.proc.pid)
+        release.set()  # the reply goes to a reply queue that no longer exists
+        result = await handle.result(60)
+        await handle.close()
+    finally:
+        worker.close()
+        await service.stop()
+    assert result.content == "got it"
+    assert sum(service.executions.values()) == 1  # re-sent with its key, answered from the store
+    assert len(scripted_model.requests) == 2

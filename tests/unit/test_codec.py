@@ -703,7 +703,7 @@ def agent_state() -> AgentState:
             input_count=7,
             response=ModelResponse(message=ASSISTANT_CALL),
             results=(TOOL_EXECUTION,),
-            dispatched=("call_2",),
+            offered=("lookup", "search"),
         ),
         stop_signal=StopSignal(source="budget-hook", reason="spent"),
         usage=USAGE,

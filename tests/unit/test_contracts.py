@@ -414,7 +414,7 @@ def test_all_names_are_distinct() -> None:
         topology.DEAD_LETTER_QUEUE,
         topology.TOOLS_EXCHANGE,
         topology.EVENTS_EXCHANGE,
-        topology.TOOL_ANNOUNCE_EXCHANGE,
+        topology.RETRY_QUEUE,
     ]
     assert len(names) == len(set(names))
     assert all(name.startswith("loopwire.") for name in names)

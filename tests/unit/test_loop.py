@@ -23,7 +23,16 @@ from contracts.state import AgentState, AgentStep, ModelResponse, ToolExecution
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, LimitOverrides, LoopLimits, TurnRequest, TurnResult
 from worker.errors import RetryableError, StaleStateError
-from worker.loop import Blocked, Hook, HookContext, Loop, RunAgain, ToolInvocation
+from worker.loop import (
+    Blocked,
+    Finished,
+    Hook,
+    HookContext,
+    Loop,
+    RunAgain,
+    ToolInvocation,
+    new_execution,
+)
 from worker.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog, ToolFunction
 from worker.model import OpenAIModel
 from worker.profiles import AgentProfile
@@ -967,7 +976,14 @@ async def test_hook_stop_signal_ends_the_turn(
     assert result.stopped_by == "guardian"
     assert result.content == content
     assert len(scripted_model.requests) == model_calls
-    assert len(rig.tools.calls) == model_calls  # a stop never skips a tool the model asked for
+    if point == "after_model":
+        # stopped right after the model asked for a tool: the tool is not run, but recorded
+        assert rig.tools.calls == []
+        [invoked] = rig.events_of("tool.invoked")
+        assert invoked.data.outcome == "blocked"
+        assert "stopped by guardian" in (invoked.data.error or "")
+    else:
+        assert len(rig.tools.calls) == model_calls  # a later stop lets the step's tools finish
     history = rig.history()
     assert len(history) == 1 + 2 * model_calls
     assert_transcript(history)
@@ -1385,3 +1401,75 @@ async def test_lost_write_in_tool_phase_surfaces_as_stale_state(
     with pytest.raises(StaleStateError):
         await rig.loop.run_turn(None, turn(), profile())
     assert issubclass(StaleStateError, RetryableError)
+
+
+class VanishingCatalog(StaticCatalog):
+    """Offers its tools to the model, then loses them (the service died) before dispatch."""
+
+    def __init__(self, definitions: Sequence[ToolDefinition]) -> None:
+        super().__init__(definitions)
+        self.asked = 0
+
+    async def available(self) -> Sequence[ToolDefinition]:
+        self.asked += 1
+        return self.definitions if self.asked == 1 else []
+
+
+async def test_tool_whose_service_left_is_unavailable_not_unknown(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    scripted_model.expect(Reply.tool_calls(call("lookup", "c1", q="x"), call("invented", "c2")))
+    scripted_model.expect(Reply.text("The lookup service is down."))
+    rig = build(make_model(), {"lookup": echo})
+    rig.loop.catalog = VanishingCatalog([tool_def("lookup")])
+    quiet = profile(LoopLimits(empty_streak_after=0))  # two errors would add the streak hint
+    finished = await rig.loop.run_turn(None, turn(), quiet)
+    assert finished.result.content == "The lookup service is down."
+    assert error_of(tool_content(scripted_model.requests[1], "c1")).startswith("tool unavailable:")
+    assert error_of(tool_content(scripted_model.requests[1], "c2")) == "unknown tool: 'invented'"
+    assert rig.tools.calls == []
+
+
+async def test_reused_tool_call_ids_are_made_unique_within_the_turn(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    # a server that numbers calls from 0 in every response, and repeats an id in one response
+    scripted_model.expect(Reply.tool_calls(call("lookup", "call_0", result={"results": ["a"]})))
+    scripted_model.expect(
+        Reply.tool_calls(
+            call("lookup", "call_0", result={"results": ["b"]}),
+            call("lookup", "call_0", result={"results": ["c"]}),
+        )
+    )
+    scripted_model.expect(Reply.text("done"))
+    rig = build(make_model(), {"lookup": echo})
+    finished = await rig.loop.run_turn(None, turn(), profile())
+    assert finished.result.content == "done"
+    keys = [c.context.idempotency_key for c in rig.tools.calls]
+    assert len(set(keys)) == 3, "each call has its own idempotency key"
+    assert [c.arguments["result"]["results"] for c in rig.tools.calls] == [["a"], ["b"], ["c"]]
+    assert_transcript(rig.history())
+    last = scripted_model.requests[2]["messages"]
+    tool_texts = [m["content"] for m in last if m["role"] == "tool"]
+    assert [json.loads(t)["results"] for t in tool_texts] == [["a"], ["b"], ["c"]]
+
+
+async def test_turn_past_its_deadline_is_cancelled_before_the_next_step(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    scripted_model.expect(Reply.tool_calls(call("lookup", "c0"), content="working on it"))
+    clock = [1000.0]
+    rig = build(make_model(), {"lookup": echo})
+    rig.loop.clock = lambda: clock[0]
+    rig.loop.tools.clock = rig.loop.clock
+    request = turn().model_copy(update={"deadline": 1005.0})
+    state = await rig.store.save(new_execution(None, request, profile(), clock[0]))
+    outcome = await rig.loop.step(state, profile())
+    assert isinstance(outcome, RunAgain)
+    clock[0] = 1010.0  # the deadline passes between steps
+    finished = await rig.loop.step(outcome.state, profile())
+    assert isinstance(finished, Finished)
+    assert finished.result.finish_reason == "cancelled"
+    assert finished.result.content == "working on it"
+    assert len(scripted_model.requests) == 1
+    assert_transcript(rig.history())

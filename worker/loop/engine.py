@@ -42,6 +42,7 @@ from contracts.state import (
     AgentState,
     AgentStep,
     ExecutionState,
+    ModelResponse,
     PendingStep,
     SessionContext,
     StepExecution,
@@ -53,23 +54,18 @@ from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext
 from worker.loop.interfaces import (
     EventSink,
+    LoopObserver,
     Model,
     ModelRequest,
     StateStore,
     ToolCaller,
     ToolCatalog,
+    observe,
 )
 from worker.loop.tools import ToolRunner
 from worker.profiles import AgentProfile
 
 log = logging.getLogger("loopwire.loop")
-
-_STATUS: dict[FinishReason, str] = {
-    "stop": "completed",
-    "max_iterations": "completed",
-    "error": "failed",
-    "cancelled": "cancelled",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +122,7 @@ class Loop:
         store: StateStore,
         events: EventSink,
         hooks: Hook | None = None,
+        observer: LoopObserver | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.model = model
@@ -133,8 +130,11 @@ class Loop:
         self.store = store
         self.events = events
         self.hooks = hooks or Hook()
+        self.observer = observer or LoopObserver()
         self.clock = clock
-        self.tools = ToolRunner(caller=tools, hooks=self.hooks, emit=self._emit, clock=clock)
+        self.tools = ToolRunner(
+            caller=tools, hooks=self.hooks, emit=self._emit, clock=clock, observer=self.observer
+        )
 
     async def step(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
         """Advance the turn attached to ``state`` by one step."""
@@ -185,6 +185,7 @@ class Loop:
             ),
             state,
         )
+        observe(self.observer.turn_started, ex.request.agent)
         return state
 
     async def _call_model(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
@@ -209,16 +210,24 @@ class Loop:
             max_tokens=state.llm.max_tokens or profile.max_tokens,
             response_format=state.context.response_format,
         )
+        called = self.clock()
         try:
             response = await self.model.complete(request)
         except ModelError as exc:
+            observe(self.observer.model_failed, request.model, exc.code, self.clock() - called)
             log.warning("model call failed for turn %s: %s", ex.turn_id, exc)
             error = TurnError(code=exc.code, message=str(exc)[:4000])
             return await self._finish(state, profile, "error", ex.last_content, error=error)
+        observe(self.observer.model_called, request.model, response.usage, self.clock() - called)
         response = await self.hooks.after_model(ctx, response)
+        response = unique_call_ids(response, ex, index)
         content = response.message.content
         pending = PendingStep(
-            index=index, started_at=started, input_count=len(messages), response=response
+            index=index,
+            started_at=started,
+            input_count=len(messages),
+            response=response,
+            offered=tuple(d.name for d in offered),
         )
         state = _with_execution(
             state,
@@ -236,7 +245,7 @@ class Loop:
         response = pending.response
         calls = response.message.tool_calls
         results = [pending.result_for(call.id) for call in calls]
-        executions, streak, _hints = apply_empty_streak(
+        executions, streak, hints = apply_empty_streak(
             [r for r in results if r is not None], ex.empty_streak, ex.limits
         )
         tool_messages = [ChatMessage.tool(e.call_id, e.content) for e in executions]
@@ -255,19 +264,29 @@ class Loop:
         state = _with_execution(
             state, steps=(*ex.steps, record), pending=None, empty_streak=streak, stop_signal=stop
         )
+        agent = ex.request.agent
+        outcome: StepOutcome
         if not calls:
-            return await self._finish(state, profile, "stop", response.message.content, step=record)
-        if stop is not None:
-            return await self._finish(
+            outcome = await self._finish(
+                state, profile, "stop", response.message.content, step=record
+            )
+        elif stop is not None:
+            outcome = await self._finish(
                 state, profile, "stop", ex.last_content, append=tool_messages, step=record
             )
-        if len(ex.steps) + 1 >= ex.limits.max_tool_iterations:
-            return await self._finish(
+        elif len(ex.steps) + 1 >= ex.limits.max_tool_iterations:
+            outcome = await self._finish(
                 state, profile, "max_iterations", ex.last_content, append=tool_messages, step=record
             )
-        state = await self._save(state, append=tool_messages)
-        await self._emit_step(state, record)
-        return RunAgain(state)
+            observe(self.observer.iteration_cap_hit, agent)
+        else:
+            state = await self._save(state, append=tool_messages)
+            await self._emit_step(state, record)
+            outcome = RunAgain(state)
+        if hints:
+            observe(self.observer.empty_streak_hints, agent, hints)
+        observe(self.observer.step_completed, agent, record.duration_s)
+        return outcome
 
     async def _finish(
         self,
@@ -309,6 +328,7 @@ class Loop:
             }
         )
         saved = await self.store.save(final, append=append if persist else (), result=result)
+        observe(self.observer.turn_finished, result)
         if step is not None:
             await self._emit_step(state, step)
         await self._emit(finish_event_type(reason), TurnFinished(result=result), state)
@@ -389,3 +409,24 @@ def _execution(state: AgentState) -> ExecutionState:
 def _with_execution(state: AgentState, **changes: Any) -> AgentState:
     ex = _execution(state).model_copy(update=changes)
     return state.model_copy(update={"execution": ex})
+
+
+def unique_call_ids(response: ModelResponse, ex: ExecutionState, step: int) -> ModelResponse:
+    """Tool call ids unique within the turn. The id is part of the call's idempotency key, so a
+    server that reuses ids (``call_0`` in every step) would otherwise get an earlier call's
+    stored reply; a reused or repeated id is suffixed with the step and position."""
+    calls = response.message.tool_calls
+    if not calls:
+        return response
+    seen = {e.call_id for record in ex.steps for e in record.step.tool_executions}
+    fixed = []
+    for position, call in enumerate(calls):
+        call_id = call.id
+        if call_id in seen:
+            call_id = f"{call.id[:200]}-{step}-{position}"
+        seen.add(call_id)
+        fixed.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
+    if fixed == list(calls):
+        return response
+    message = response.message.model_copy(update={"tool_calls": tuple(fixed)})
+    return response.model_copy(update={"message": message})

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Literal, ParamSpec, Protocol
 
 from contracts.events import Event
-from contracts.messages import ChatMessage
+from contracts.messages import ChatMessage, Usage
 from contracts.state import AgentState, ModelResponse
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.turns import TurnResult
+from worker.errors import ToolCallError
+
+log = logging.getLogger("loopwire.loop")
+P = ParamSpec("P")
+
+UNKNOWN_TOOL: Final = "_unknown"
+"""How observers see a tool name the catalog did not offer (one the model invented)."""
+
+ToolCallOutcome = Literal["ok", "error", "timeout", "unavailable", "blocked", "unknown"]
+"""A tool call's outcome as observers see it: ``ToolExecution.outcome`` with the errors
+``timeout`` (no reply in time) and ``unavailable`` (no service could take it) told apart."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +42,10 @@ class Model(Protocol):
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Answer or raise ``ModelError``."""
         ...
+
+
+class ToolUnavailableError(ToolCallError):
+    """Raised by a ``ToolCaller`` when no tool service can take the call (none bound, refused)."""
 
 
 class ToolCaller(Protocol):
@@ -68,3 +84,43 @@ class StateStore(Protocol):
         ``StaleStateError`` when another writer got there first.
         """
         ...
+
+
+class LoopObserver:
+    """What the loop reports as it runs (for metrics). Every method here does nothing.
+
+    Methods are called on the event loop, inline: they must not block. One that raises is
+    logged and ignored (``observe``); it never changes the turn.
+    """
+
+    def turn_started(self, agent: str) -> None:
+        """A turn's first step began; its input messages were saved."""
+
+    def turn_finished(self, result: TurnResult) -> None:
+        """A turn ended (any finish reason) and its result was saved."""
+
+    def step_completed(self, agent: str, duration_s: float) -> None:
+        """A step ran to its end: model call, every tool result, guards, ``after_step``."""
+
+    def model_called(self, model: str | None, usage: Usage, duration_s: float) -> None:
+        """The model answered (``model``: the requested one; None means the adapter's default)."""
+
+    def model_failed(self, model: str | None, error_type: str, duration_s: float) -> None:
+        """The model call failed for good; ``error_type`` is the ``ModelError`` code."""
+
+    def tool_executed(self, tool: str, outcome: ToolCallOutcome, duration_s: float) -> None:
+        """A tool call has its result; ``tool`` is an offered name or ``UNKNOWN_TOOL``."""
+
+    def empty_streak_hints(self, agent: str, count: int) -> None:
+        """The empty-streak guard appended ``count`` hints in one step."""
+
+    def iteration_cap_hit(self, agent: str) -> None:
+        """The iteration cap ended a turn (``finish_reason: max_iterations``)."""
+
+
+def observe(notify: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
+    """Call an observer method; a failure is logged, never raised into the loop."""
+    try:
+        notify(*args, **kwargs)
+    except Exception:
+        log.exception("loop observer %s failed", getattr(notify, "__name__", notify))

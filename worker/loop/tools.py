@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from contracts.events import EventData, EventType, ToolInvoked, ToolInvoking
 from contracts.messages import ToolCall
@@ -24,10 +24,19 @@ from contracts.tools import (
     ToolDefinition,
     idempotency_key,
 )
-from worker.errors import ToolCallError
+from worker.errors import RetryableError, ToolCallError
 from worker.loop.guards import truncate
 from worker.loop.hooks import Blocked, Hook, HookContext, ToolInvocation
-from worker.loop.interfaces import StateStore, ToolCaller, ToolCatalog
+from worker.loop.interfaces import (
+    UNKNOWN_TOOL,
+    LoopObserver,
+    StateStore,
+    ToolCaller,
+    ToolCallOutcome,
+    ToolCatalog,
+    ToolUnavailableError,
+    observe,
+)
 from worker.profiles import AgentProfile
 
 log = logging.getLogger("loopwire.tools")
@@ -55,14 +64,28 @@ def value_content(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+class _Failed(NamedTuple):
+    """A call that got no reply: the message for the model, the outcome for observers."""
+
+    error: str
+    outcome: ToolCallOutcome
+
+
 class ToolRunner:
     def __init__(
-        self, *, caller: ToolCaller, hooks: Hook, emit: Emit, clock: Callable[[], float]
+        self,
+        *,
+        caller: ToolCaller,
+        hooks: Hook,
+        emit: Emit,
+        clock: Callable[[], float],
+        observer: LoopObserver | None = None,
     ) -> None:
         self.caller = caller
         self.hooks = hooks
         self.emit = emit
         self.clock = clock
+        self.observer = observer or LoopObserver()
 
     async def run_pending(
         self, state: AgentState, profile: AgentProfile, catalog: ToolCatalog, store: StateStore
@@ -81,7 +104,13 @@ class ToolRunner:
         async def run_one(call: ToolCall) -> None:
             nonlocal current
             ctx = HookContext(state=current, profile=profile, step=pending.index)
-            execution, updates = await self._execute(ctx, call, offered)
+            execution, updates, failed_as = await self._execute(ctx, call, offered)
+            observe(
+                self.observer.tool_executed,
+                call.name if call.name in offered or call.name in pending.offered else UNKNOWN_TOOL,
+                failed_as or execution.outcome,
+                execution.duration_s,
+            )
             async with lock:
                 current = await store.save(_record(current, execution, updates, ctx, self.clock()))
             await self._emit_invoked(current, pending.index, execution)
@@ -98,7 +127,9 @@ class ToolRunner:
 
     async def _execute(
         self, ctx: HookContext, call: ToolCall, offered: Mapping[str, ToolDefinition]
-    ) -> tuple[ToolExecution, dict[str, Any]]:
+    ) -> tuple[ToolExecution, dict[str, Any], ToolCallOutcome | None]:
+        """The call's execution, the state updates it returned, and how it failed when it got
+        no reply (``timeout``, ``unavailable``, ``error``); None when it was answered."""
         started = self.clock()
         ex = _execution(ctx.state)
         await self.emit(
@@ -129,31 +160,35 @@ class ToolRunner:
                 completed_at=self.clock(),
             )
 
+        if ex.stop_signal is not None:
+            # a hook stopped the turn after the model asked for tools: none of them runs
+            stopped = f"not run: the turn was stopped by {ex.stop_signal.source}"
+            return await self._after(ctx, finish("blocked", error=stopped), ex), {}, None
         definition = offered.get(call.name)
         if definition is None:
-            return await self._after(
-                ctx, finish("error", error=f"unknown tool: {call.name!r}"), ex
-            ), {}
+            pending = ex.pending
+            if pending is not None and call.name in pending.offered:
+                # offered when the model was called, but its service has gone since
+                gone = f"tool unavailable: no live service serves {call.name!r} now"
+                return await self._after(ctx, finish("error", error=gone), ex), {}, "unavailable"
+            rejected = finish("error", error=f"unknown tool: {call.name!r}")
+            return await self._after(ctx, rejected, ex), {}, None
         try:
             arguments = json.loads(call.arguments or "{}")
         except ValueError as exc:
-            return await self._after(
-                ctx, finish("error", error=f"arguments are not valid JSON: {exc}"), ex
-            ), {}
+            rejected = finish("error", error=f"arguments are not valid JSON: {exc}")
+            return await self._after(ctx, rejected, ex), {}, None
         if not isinstance(arguments, dict):
-            return await self._after(
-                ctx, finish("error", error="arguments must be a JSON object"), ex
-            ), {}
+            rejected = finish("error", error="arguments must be a JSON object")
+            return await self._after(ctx, rejected, ex), {}, None
         decision = await self.hooks.before_tool(ctx, ToolInvocation(call.id, call.name, arguments))
         if isinstance(decision, Blocked):
             blocked = finish("blocked", error=f"blocked: {decision.reason}", arguments=arguments)
-            return await self._after(ctx, blocked, ex), {}
-        reply, failure = await self._call(ctx, decision, definition, started)
-        if failure is not None:
-            return await self._after(
-                ctx, finish("error", error=failure, arguments=arguments), ex
-            ), {}
-        assert reply is not None
+            return await self._after(ctx, blocked, ex), {}, None
+        reply = await self._call(ctx, decision, definition, started)
+        if isinstance(reply, _Failed):
+            failed = finish("error", error=reply.error, arguments=arguments)
+            return await self._after(ctx, failed, ex), {}, reply.outcome
         if reply.status == "ok":
             execution = finish("ok", value=reply.value, arguments=arguments)
         elif reply.status == "unknown":
@@ -161,11 +196,11 @@ class ToolRunner:
             execution = finish("unknown", error=f"outcome unknown: {message}", arguments=arguments)
         else:
             execution = finish("error", error=reply.error or "tool failed", arguments=arguments)
-        return await self._after(ctx, execution, ex), dict(reply.state_updates)
+        return await self._after(ctx, execution, ex), dict(reply.state_updates), None
 
     async def _call(
         self, ctx: HookContext, call: ToolInvocation, definition: ToolDefinition, started: float
-    ) -> tuple[ToolCallReply | None, str | None]:
+    ) -> ToolCallReply | _Failed:
         ex = _execution(ctx.state)
         timeout = min(definition.timeout_s, ex.limits.tool_timeout_s)
         request = ToolCallRequest(
@@ -183,14 +218,20 @@ class ToolRunner:
         )
         try:
             async with asyncio.timeout(timeout):
-                return await self.caller.call(request, definition), None
+                return await self.caller.call(request, definition)
         except TimeoutError:
-            return None, f"tool {call.name!r} timed out after {timeout:g}s"
+            return _Failed(f"tool {call.name!r} timed out after {timeout:g}s", "timeout")
+        except ToolUnavailableError as exc:
+            return _Failed(str(exc), "unavailable")
         except ToolCallError as exc:
-            return None, str(exc)
+            return _Failed(str(exc), "error")
+        except RetryableError:
+            # the transport lost the call (e.g. a broker reconnect ate the reply): redo the step;
+            # the call is re-sent with the same idempotency key and answered from the store
+            raise
         except Exception as exc:
             log.warning("tool %s failed for turn %s", call.name, ex.turn_id, exc_info=True)
-            return None, f"tool {call.name!r} failed: {type(exc).__name__}: {exc}"
+            return _Failed(f"tool {call.name!r} failed: {type(exc).__name__}: {exc}", "error")
 
     async def _after(
         self, ctx: HookContext, execution: ToolExecution, ex: ExecutionState
@@ -222,6 +263,7 @@ class ToolRunner:
                 duration_s=execution.duration_s,
                 truncated=execution.truncated,
                 error=execution.error[:500] if execution.error else None,
+                unresolved_placeholders=execution.unresolved_placeholders,
             ),
             state,
             step=step,

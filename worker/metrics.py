@@ -1,0 +1,311 @@
+"""The worker's Prometheus metrics, on a ``CollectorRegistry`` that is passed in.
+
+Nothing here touches prometheus-client's global registry: a worker process
+creates one registry, hands it to ``WorkerMetrics`` and serves it on
+``/metrics`` (``worker.http``); tests create their own registry per test.
+
+``WorkerMetrics`` is the loop's ``LoopObserver`` (turns, steps, model calls,
+tool calls, empty-streak hints, iteration caps) and the transport's counter
+(dead-lettered, dropped and retried work, published events, state-store
+latency, steps in hand, tool calls awaiting their reply).
+
+Names follow Prometheus conventions (base units, ``_total``, ``_seconds``);
+model calls use the OpenTelemetry GenAI metrics as they translate to
+Prometheus (``gen_ai_client_operation_duration_seconds``,
+``gen_ai_client_token_usage``) with their attribute names as labels.
+
+Decisions:
+
+- Bounded labels only: agent names (unknown agents are rejected before a
+  step runs), model names from configuration, tool names the catalog offered
+  (a name the model invented is ``_unknown``), fixed outcome and reason codes.
+  Never a session, turn or call id.
+- Turns in progress: a worker holds a turn only while it runs one of its
+  steps, and the next step may run on any worker, so no single process can
+  keep a fleet-wide gauge of open turns (and a started-minus-finished
+  difference of per-process counters breaks whenever a process restarts).
+  Each worker exports ``loopwire_steps_in_progress`` (the step messages in its
+  hands now, exact) and the counters ``loopwire_turns_started_total`` and
+  ``loopwire_turns_finished_total``. Dashboards show open turns as
+  ``sum(rate(loopwire_turn_duration_seconds_sum[5m]))`` (Little's law: the
+  mean number of turns open over the window) next to the steps in hand and
+  the depth of ``loopwire.turns`` (RabbitMQ's own metric).
+- Counted when it happened in this process. A step redone after a crash or a
+  lost lease race may count its model call, tool calls and hints again (they
+  did run again, except what was saved); turns are counted started and
+  finished only after the state that records it was saved.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from contracts.events import EVENT_TYPES, Event
+from contracts.messages import Usage
+from contracts.turns import TurnResult
+from worker.loop.interfaces import EventSink, LoopObserver, ToolCallOutcome
+
+__all__ = ["CountingSink", "WorkerMetrics", "build_info", "package_version", "sample_names"]
+
+OPERATION_CHAT: Final = "chat"
+"""``gen_ai.operation.name`` of a chat-completions call."""
+
+# OpenTelemetry GenAI semantic conventions: explicit bucket boundaries advised for these two.
+MODEL_DURATION_BUCKETS: Final = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+TOKEN_BUCKETS: Final = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+TURN_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+STEP_BUCKETS: Final = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+STEPS_PER_TURN_BUCKETS: Final = (1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50)
+TOOL_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+STORE_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+)  # fmt: skip
+STORE_OPERATIONS: Final = (
+    "accept", "lease", "renew", "release", "save", "load_messages", "read",
+)  # fmt: skip
+
+
+def package_version() -> str:
+    try:
+        return version("loopwire")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def build_info(registry: CollectorRegistry, *, component: str, service: str) -> None:
+    """``loopwire_build_info`` plus the process, platform and GC collectors, on ``registry``."""
+    info = Info("loopwire_build", "The running loopwire build (value 1).", registry=registry)
+    info.info(
+        {
+            "version": package_version(),
+            "python_version": platform.python_version(),
+            "component": component,
+            "service": service,
+        }
+    )
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+
+
+class WorkerMetrics(LoopObserver):
+    """Every metric a worker exports; the loop's observer and the transport's counters."""
+
+    def __init__(self, registry: CollectorRegistry, *, default_model: str = "") -> None:
+        self.registry = registry
+        self.default_model = default_model
+        r = registry
+        self.turns_started = Counter(
+            "loopwire_turns_started", "Turns whose first step ran.", ["agent"], registry=r
+        )
+        self.turns_finished = Counter(
+            "loopwire_turns_finished",
+            "Turns finished, by finish reason (stop, max_iterations, error, cancelled).",
+            ["agent", "finish_reason"],
+            registry=r,
+        )
+        self.turn_duration = Histogram(
+            "loopwire_turn_duration_seconds",
+            "Time from a turn's start to its result.",
+            ["agent", "finish_reason"],
+            buckets=TURN_BUCKETS,
+            registry=r,
+        )
+        self.turn_steps = Histogram(
+            "loopwire_turn_steps",
+            "Steps (model calls) per finished turn.",
+            ["agent"],
+            buckets=STEPS_PER_TURN_BUCKETS,
+            registry=r,
+        )
+        self.step_duration = Histogram(
+            "loopwire_step_duration_seconds",
+            "One step: from the model call to the last tool result.",
+            ["agent"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.steps_in_progress = Gauge(
+            "loopwire_steps_in_progress",
+            "Step messages this worker is running now.",
+            registry=r,
+        )
+        self.model_duration = Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "GenAI operation duration (model calls; error_type set when the call failed).",
+            ["gen_ai_operation_name", "gen_ai_request_model", "error_type"],
+            buckets=MODEL_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.model_tokens = Histogram(
+            "gen_ai_client_token_usage",
+            "Tokens used per model call, by token type (input, output).",
+            ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.model_errors = Counter(
+            "loopwire_model_errors",
+            "Model calls that failed for good, by error type.",
+            ["gen_ai_request_model", "error_type"],
+            registry=r,
+        )
+        self.tool_duration = Histogram(
+            "loopwire_tool_call_duration_seconds",
+            "Tool calls seen from the worker, by tool and outcome "
+            "(ok, error, timeout, unavailable, blocked, unknown).",
+            ["tool", "outcome"],
+            buckets=TOOL_BUCKETS,
+            registry=r,
+        )
+        self.tool_in_progress = Gauge(
+            "loopwire_tool_calls_in_progress",
+            "Tool calls this worker sent and awaits the reply of.",
+            ["tool"],
+            registry=r,
+        )
+        self.hints = Counter(
+            "loopwire_empty_streak_hints",
+            "Empty-streak hints appended to tool results.",
+            ["agent"],
+            registry=r,
+        )
+        self.caps = Counter(
+            "loopwire_iteration_caps",
+            "Turns ended by the iteration cap (max_tool_iterations).",
+            ["agent"],
+            registry=r,
+        )
+        self.dead_lettered = Counter(
+            "loopwire_dead_lettered",
+            "Work messages sent to the dead-letter queue, by reason code.",
+            ["reason"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            "loopwire_work_dropped",
+            "Duplicate or stale work messages acked without doing anything, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.retried = Counter(
+            "loopwire_work_retried",
+            "Work messages sent to the delay queue, by reason (busy, transient, failed).",
+            ["reason"],
+            registry=r,
+        )
+        self.events = Counter(
+            "loopwire_events_published",
+            "Lifecycle events published, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.event_errors = Counter(
+            "loopwire_event_publish_errors",
+            "Lifecycle events that could not be published, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.store_duration = Histogram(
+            "loopwire_state_store_duration_seconds",
+            "Latency of state-store (Redis) operations.",
+            ["operation"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
+        for event_type in EVENT_TYPES:
+            self.events.labels(event_type)
+        self._store_ops = {op: self.store_duration.labels(op) for op in STORE_OPERATIONS}
+
+    def _model(self, model: str | None) -> str:
+        return model or self.default_model
+
+    # -- LoopObserver ----------------------------------------------------------------------
+
+    def turn_started(self, agent: str) -> None:
+        self.turns_started.labels(agent).inc()
+
+    def turn_finished(self, result: TurnResult) -> None:
+        reason = result.finish_reason
+        self.turns_finished.labels(result.agent, reason).inc()
+        self.turn_duration.labels(result.agent, reason).observe(result.duration_s)
+        self.turn_steps.labels(result.agent).observe(result.steps)
+
+    def step_completed(self, agent: str, duration_s: float) -> None:
+        self.step_duration.labels(agent).observe(max(0.0, duration_s))
+
+    def model_called(self, model: str | None, usage: Usage, duration_s: float) -> None:
+        name = self._model(model)
+        self.model_duration.labels(OPERATION_CHAT, name, "").observe(max(0.0, duration_s))
+        self.model_tokens.labels(OPERATION_CHAT, name, "input").observe(usage.prompt_tokens)
+        self.model_tokens.labels(OPERATION_CHAT, name, "output").observe(usage.completion_tokens)
+
+    def model_failed(self, model: str | None, error_type: str, duration_s: float) -> None:
+        name = self._model(model)
+        self.model_duration.labels(OPERATION_CHAT, name, error_type).observe(max(0.0, duration_s))
+        self.model_errors.labels(name, error_type).inc()
+
+    def tool_executed(self, tool: str, outcome: ToolCallOutcome, duration_s: float) -> None:
+        self.tool_duration.labels(tool, outcome).observe(max(0.0, duration_s))
+
+    def empty_streak_hints(self, agent: str, count: int) -> None:
+        self.hints.labels(agent).inc(count)
+
+    def iteration_cap_hit(self, agent: str) -> None:
+        self.caps.labels(agent).inc()
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def store_timer(self, operation: str) -> AbstractContextManager[object]:
+        """Times one state-store operation: ``with metrics.store_timer("save"): ...``."""
+        child = self._store_ops.get(operation) or self.store_duration.labels(operation)
+        return child.time()
+
+    def tool_call_in_progress(self, tool: str) -> AbstractContextManager[object]:
+        """Counts a tool RPC as in progress while the block runs."""
+        return self.tool_in_progress.labels(tool).track_inprogress()
+
+
+class CountingSink:
+    """``EventSink`` that counts what it publishes (and fails to publish) through ``inner``."""
+
+    def __init__(self, inner: EventSink, metrics: WorkerMetrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+
+    async def emit(self, event: Event) -> None:
+        try:
+            await self.inner.emit(event)
+        except Exception:
+            self.metrics.event_errors.labels(event.type).inc()
+            raise
+        self.metrics.events.labels(event.type).inc()
+
+
+def sample_names(registry: CollectorRegistry) -> Sequence[str]:
+    """Every sample name ``registry`` can expose (``_total``, ``_bucket`` …), for config checks."""
+    names: set[str] = set()
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "summary": ("", "_sum", "_count", "_created"),
+        "info": ("_info",),
+        "gauge": ("",),
+    }
+    for family in registry.collect():
+        for suffix in suffixes.get(family.type, ("",)):
+            names.add(family.name + suffix)
+    return sorted(names)
