@@ -55,6 +55,11 @@ def session_requests(session_id: str) -> str:
     return f"{PREFIX}:{{{session_id}}}:requests"
 
 
+def session_replies(session_id: str) -> str:
+    """Hash turn id → reply_to of the session's turns, kept after they finish (to re-send a result)."""
+    return f"{PREFIX}:{{{session_id}}}:replies"
+
+
 def turn_result(session_id: str, turn_id: str) -> str:
     """msgpack ``TurnResult`` stored under the turn id (readable later, with a TTL)."""
     return f"{PREFIX}:{{{session_id}}}:turn:{turn_id}:result"

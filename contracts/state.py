@@ -39,7 +39,11 @@ class ModelResponse(Contract):
 
 
 class ToolExecution(Contract):
-    """One tool call of a step and its outcome."""
+    """One tool call of a step and its outcome.
+
+    ``content`` is the text the model received (truncated, with any hint). In a
+    completed step, ``value`` is dropped when ``truncated`` is set, so that a huge
+    result does not stay in the state for the rest of the turn."""
 
     call_id: CallId
     name: str

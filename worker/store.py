@@ -44,10 +44,11 @@ from contracts.turns import TurnRequest, TurnResult
 from worker import failpoints
 from worker.errors import StaleStateError
 
-# KEYS: lease fence state history ; ARGV: ttl_ms
+# KEYS: lease fence state history ; ARGV: lease_ttl_ms, session_ttl_s
 _BEGIN: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
 local token = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
 local state = redis.call('HMGET', KEYS[3], 'v', 's')
 return {token, state[1] or false, state[2] or false, redis.call('LRANGE', KEYS[4], 0, -1)}
@@ -90,7 +91,7 @@ if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head}
 """
 
-# KEYS: turns requests queue result ; ARGV: turn_id, request_blob, ttl_s
+# KEYS: turns requests queue result replies ; ARGV: turn_id, request_blob, ttl_s, reply_to|''
 _ACCEPT: Final = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued') == 0 then
   local res = redis.call('GET', KEYS[4])
@@ -98,6 +99,10 @@ if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued') == 0 then
   return {'pending', ''}
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
+  redis.call('EXPIRE', KEYS[5], ARGV[3])
+end
 local len = redis.call('RPUSH', KEYS[3], ARGV[1])
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
 if len == 1 then return {'start', ''} end
@@ -105,6 +110,9 @@ return {'queued', tostring(len - 1)}
 """
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
+MAX_STATE_BYTES: Final = 64 * 1024 * 1024
+"""At-rest state is ours, not a publisher's: it may outgrow the wire limit (a turn with many
+large tool results) and must still load, or its session would be stuck."""
 
 Timed = Callable[[str], AbstractContextManager[object]]
 """Wraps one store operation by name (``accept``, ``lease``, ``save`` …), e.g. to time it."""
@@ -164,8 +172,9 @@ class RedisStore:
                     keys.session_requests(s),
                     keys.session_queue(s),
                     keys.turn_result(s, t),
+                    keys.session_replies(s),
                 ],
-                args=[t, encode(request), self.ttl_s],
+                args=[t, encode(request), self.ttl_s, request.reply_to or ""],
             )
         status = status.decode() if isinstance(status, bytes) else status
         if status == "done":
@@ -173,6 +182,11 @@ class RedisStore:
         if status == "queued":
             return Accepted("queued", ahead=int(payload))
         return Accepted(status)
+
+    async def reply_to(self, session_id: str, turn_id: str) -> str | None:
+        """Where the turn's publisher wanted its result (kept after the turn finished)."""
+        value = await self.redis.hget(keys.session_replies(session_id), turn_id)
+        return value.decode() if isinstance(value, bytes) else value
 
     async def lease(self, session_id: str) -> Lease | None:
         """Take the session's lease and load its state; ``None`` when another worker holds it."""
@@ -184,13 +198,13 @@ class RedisStore:
                     keys.session_state(session_id),
                     keys.session_history(session_id),
                 ],
-                args=[self.lease_ms],
+                args=[self.lease_ms, self.ttl_s],
             )
         if not reply[0]:
             return None
         state = None
         if reply[2]:
-            data = decode_obj(_bytes(reply[2]))
+            data = decode_obj(_bytes(reply[2]), max_bytes=MAX_STATE_BYTES)
             if isinstance(data, dict) and reply[1] is not None:
                 data["version"] = int(reply[1])  # the version lives beside the blob
             state = validate(data, AgentState)

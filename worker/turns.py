@@ -252,11 +252,11 @@ class TurnWork:
         result = await self.store.result(work.session_id, work.turn_id)
         if result is None or work.step < max(result.steps - 1, 0):
             return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
-        request = await self.store.request(work.session_id, work.turn_id)
+        reply_to = await self.store.reply_to(work.session_id, work.turn_id)
         await self._emit_finished(result)
         actions: list[Action] = []
-        if request is not None and request.reply_to:
-            actions.append(Reply(request.reply_to, await self.deliver(result)))
+        if reply_to:
+            actions.append(Reply(reply_to, await self.deliver(result)))
         if head is not None and head != work.turn_id:
             actions.append(Step(StepWork(session_id=work.session_id, turn_id=head, step=0)))
         return [*actions, Drop("finished turn: effects repeated", "finished_turn")]

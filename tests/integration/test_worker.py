@@ -12,9 +12,10 @@ import pytest
 
 from contracts import topology as t
 from contracts.client import LoopwireClient, new_id
-from contracts.codec import encode_obj
+from contracts.codec import encode, encode_obj
 from contracts.tools import ToolCallRequest
 from contracts.turns import InputMessage, TurnRequest
+from contracts.work import StepWork
 from harness import (
     CountingToolService,
     EventRecorder,
@@ -297,3 +298,39 @@ async def test_events_carry_cloudevents_headers_and_routing_keys(
         assert str(headers["ce-time"]).endswith("Z")
     ids = [events.events[i].id for i in mine]
     assert len(ids) == len(set(ids)), "event ids are unique within a turn"
+
+
+async def test_redelivered_last_step_repeats_the_reply_and_event(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    events: EventRecorder,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.text("the answer"))
+    worker = start_worker(tmp_path, scripted_model, [lookup.name])
+    await worker.start()
+    try:
+        handle = await client.start_turn("support", "hi")
+        first = await handle.result(30)
+        # the last step's message again, as after a crash between the final save and the ack
+        last = StepWork(session_id=first.session_id, turn_id=first.turn_id, step=first.steps - 1)
+        await client.channel.default_exchange.publish(
+            aio_pika.Message(encode(last), headers={t.H_KIND: t.KIND_STEP}),
+            routing_key=t.TURNS_QUEUE,
+        )
+        again = await asyncio.wait_for(_next_result(handle), 15)
+        await handle.close()
+        await events.wait_for(
+            lambda evs: (
+                sum(e.type == "turn.completed" and e.turn_id == first.turn_id for e in evs) == 2
+            )
+        )
+    finally:
+        worker.close()
+    assert again == first  # the stored result, not a second run
+    completed = [
+        e for e in events.events if e.type == "turn.completed" and e.turn_id == first.turn_id
+    ]
+    assert completed[0].id == completed[1].id  # the same event id: subscribers drop the duplicate
+    assert len(scripted_model.requests) == 1

@@ -249,6 +249,11 @@ class Loop:
             [r for r in results if r is not None], ex.empty_streak, ex.limits
         )
         tool_messages = [ChatMessage.tool(e.call_id, e.content) for e in executions]
+        # Once judged, a value too large for the model is not kept in the state: the truncated
+        # content is what the model saw; the full value would only grow every later save.
+        executions = [
+            e.model_copy(update={"value": None}) if e.truncated else e for e in executions
+        ]
         step = AgentStep(
             index=pending.index,
             input_count=pending.input_count,
