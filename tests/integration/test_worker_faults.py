@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
+from contracts import keys
 from contracts.client import LoopwireClient, TurnHandle, new_id
 from harness import (
     AMQP_URL,
+    REDIS_URL,
     CountingToolService,
     EventRecorder,
     WorkerProcess,
@@ -19,6 +25,7 @@ from harness import (
     session_history,
     write_agents,
 )
+from tool_services.registry import live_tools
 from worker.dlq import list_dead
 from worker.scripted_model import Reply, ScriptedModel
 
@@ -176,3 +183,52 @@ async def test_step_that_keeps_failing_fails_its_turn_and_frees_the_session(
     # the first turn failed before its first step began, so only the second is in the history
     assert failed.steps == 0
     assert [m.content for m in messages if m.role == "user"] == ["second"]
+
+
+@pytest.mark.parametrize("point", ["tool_dispatched", "tool_result_saved"])
+async def test_crash_with_the_real_notes_service_files_one_note(
+    point: str, scripted_model: ScriptedModel, client: LoopwireClient, tmp_path: Path
+) -> None:
+    """End to end with a real SDK tool service (not a test double): the non-idempotent notes
+    tool files exactly one note although its worker died around the call."""
+    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL, "LOOPWIRE_REDIS_URL": REDIS_URL}
+    log = (tmp_path / "notes.log").open("wb")
+    notes = subprocess.Popen(
+        [sys.executable, "-m", "tool_services.notes"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    redis = Redis.from_url(REDIS_URL)
+    try:
+        for _ in range(200):
+            if "file_note" in await live_tools(redis):
+                break
+            await asyncio.sleep(0.05)
+        scripted_model.expect(Reply.tool_calls(("file_note", {"text": "call the customer back"})))
+        scripted_model.expect(Reply.text("noted"))
+        agents = write_agents(tmp_path / "agents.json", ["file_note"])
+        doomed = WorkerProcess(
+            model_url=scripted_model.base_url,
+            agents_file=agents,
+            extra_env={"LOOPWIRE_FAILPOINTS": point},
+        )
+        survivor = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+        await doomed.start()
+        session = new_id()
+        try:
+            handle = await client.start_turn("support", "note it", session_id=session)
+            assert await wait_exit(doomed) == 137
+            await survivor.start()
+            result = await handle.result(30)
+            await handle.close()
+        finally:
+            doomed.close()
+            survivor.close()
+        assert result.content == "noted"
+        assert await redis.llen(keys.session_notes(session)) == 1  # type: ignore[misc]
+        tool_text = [m.content for m in await session_history(session) if m.role == "tool"]
+        assert len(tool_text) == 1
+        assert '"filed": true' in (tool_text[0] or "")
+    finally:
+        notes.terminate()
+        notes.wait(30)
+        log.close()
+        await redis.aclose()
