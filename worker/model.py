@@ -143,6 +143,10 @@ class OpenAIModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         body = encode_body(request, self.default_model)
+        # From here on only ``body`` is needed: a caller that hands the request over (keeps no
+        # reference) lets the decoded history go while the model thinks (~60 KB per turn in
+        # flight with a 40-message history).
+        del request
         attempts = self.bad_response_retries + 1
         for attempt in range(1, attempts + 1):
             started = time.monotonic()

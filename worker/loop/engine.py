@@ -210,22 +210,25 @@ class Loop:
             max_tokens=state.llm.max_tokens or profile.max_tokens,
             response_format=state.context.response_format,
         )
+        model_name, input_count = request.model, len(messages)
+        call = self.model.complete(request)
+        del request, messages  # while the model thinks only the adapter holds the history
         called = self.clock()
         try:
-            response = await self.model.complete(request)
+            response = await call
         except ModelError as exc:
-            observe(self.observer.model_failed, request.model, exc.code, self.clock() - called)
+            observe(self.observer.model_failed, model_name, exc.code, self.clock() - called)
             log.warning("model call failed for turn %s: %s", ex.turn_id, exc)
             error = TurnError(code=exc.code, message=str(exc)[:4000])
             return await self._finish(state, profile, "error", ex.last_content, error=error)
-        observe(self.observer.model_called, request.model, response.usage, self.clock() - called)
+        observe(self.observer.model_called, model_name, response.usage, self.clock() - called)
         response = await self.hooks.after_model(ctx, response)
         response = unique_call_ids(response, ex, index)
         content = response.message.content
         pending = PendingStep(
             index=index,
             started_at=started,
-            input_count=len(messages),
+            input_count=input_count,
             response=response,
             offered=tuple(d.name for d in offered),
         )

@@ -1,0 +1,123 @@
+"""The bench's model: ``worker.scripted_model.ScriptedModel`` answering every request with one
+tool call, after a configurable delay, plus a control port.
+
+Run: ``python -m tests.bench.model_server --port P --control-port C``.
+
+Control (HTTP on the control port):
+
+- ``POST /config`` ``{"delay": 2.0}``: the model's answer delay for requests from now on;
+- ``GET /stats`` (``?reset=1`` clears the gaps): requests served, requests waiting for their
+  answer now, and the *gap* of every step: the time
+  from the model's answer for one step of a turn to the arrival of the same turn's next
+  request, i.e. everything a worker does outside the model call (tool RPC, saves, events,
+  publishing the next step, the queue, consuming it, loading the state, compiling the request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import signal
+import time
+from typing import Any
+
+from aiohttp import web
+
+from tests.bench.workload import TOOL, TOOL_ARGUMENTS, turn_of
+from worker.scripted_model import Reply, ScriptedModel
+
+
+class BenchModel:
+    def __init__(self) -> None:
+        self.server = ScriptedModel()
+        self.delay = 0.0
+        self.served = 0
+        self.epoch = 0
+        """Bumped by every ``/config``: requests still sleeping from before are not counted."""
+        self.waiting: collections.Counter[int] = collections.Counter()
+        self.gaps: list[float] = []
+        self.answered: dict[str, float] = {}
+        self.reply = Reply.tool_calls((TOOL, TOOL_ARGUMENTS))
+
+    async def respond(self, body: dict[str, Any]) -> Reply:
+        arrived = time.monotonic()
+        self.server.requests.clear()  # the scripted model keeps every request; we need none
+        turn = turn_of(body)
+        if turn is not None:
+            previous = self.answered.pop(turn, None)
+            if previous is not None:
+                self.gaps.append(arrived - previous)
+        if self.delay > 0:
+            epoch = self.epoch
+            self.waiting[epoch] += 1
+            try:
+                await asyncio.sleep(self.delay)
+            finally:
+                self.waiting[epoch] -= 1
+        self.served += 1
+        if turn is not None:
+            self.answered[turn] = time.monotonic()
+        return self.reply
+
+    async def config(self, request: web.Request) -> web.Response:
+        data = await request.json()
+        self.delay = float(data.get("delay", self.delay))
+        self.epoch += 1
+        return web.json_response({"delay": self.delay})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        gaps = sorted(self.gaps)
+        waiting = self.waiting[self.epoch]
+        payload = {"served": self.served, "waiting": waiting, "gaps": _summary(gaps)}
+        if request.query.get("reset"):
+            # the answer times are kept: a step whose answer came before the reset is timed when
+            # its turn's next request arrives (unless the turn ended: its entry just stays)
+            self.gaps = []
+        return web.json_response(payload)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+
+    def pct(p: float) -> float:
+        return values[min(len(values) - 1, int(p * len(values)))]
+
+    return {"n": len(values), "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": values[-1]}
+
+
+async def serve(port: int, control_port: int) -> None:
+    bench = BenchModel()
+    bench.server.respond_with(bench.respond)
+    await bench.server.start("127.0.0.1", port)
+    app = web.Application()
+    app.router.add_post("/config", bench.config)
+    app.router.add_get("/stats", bench.stats)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", control_port).start()
+    print("ready", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        await stopping.wait()
+    finally:
+        await runner.cleanup()
+        await bench.server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.model_server")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--control-port", type=int, required=True)
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.port, args.control_port))
+
+
+if __name__ == "__main__":
+    main()

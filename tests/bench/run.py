@@ -1,0 +1,124 @@
+"""Run the benchmark suite: ``python -m tests.bench [--quick] [--scenario NAME ...]``.
+
+Needs RabbitMQ and Redis (``LOOPWIRE_AMQP_URL``, ``LOOPWIRE_REDIS_URL``; defaults: the vhost
+``lw_bench`` and Redis database 3 on localhost). Starts its own processes: the bench model
+server, the floor worker and raw tool responder, loopwire workers and the calculator tool
+service. Prints tables and writes ``tests/bench/results/bench-<time>.json``.
+
+Scenarios (all by default, in this order):
+
+- ``adapter``: one model call on each ``openai`` client path vs a plain aiohttp POST;
+- ``rpc``: one tool call round trip, loopwire's ``ToolRPC`` + SDK service vs raw aio-pika;
+- ``step``: worker CPU per step at 32 and 256 concurrent sessions, floor vs loopwire;
+- ``concurrency``: 2,000 turns in flight on one worker with a model answering after 2 s;
+- ``scaling``: one worker vs two on the same load.
+
+``--quick`` (the CI smoke run, about a minute) runs every scenario once at a small scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.bench.load import Driver, ModelServer, Shared
+from tests.bench.report import machine
+from tests.bench.scenarios import FULL, QUICK, SCENARIOS, Context
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="small, fast smoke run (CI)")
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=sorted(SCENARIOS),
+        help="run only these scenarios (repeatable); default: all",
+    )
+    parser.add_argument("--rounds", type=int, help="alternated rounds per measurement")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON result")
+    parser.add_argument(
+        "--profile", type=Path, help="run the worker processes under cProfile, stats in this dir"
+    )
+    parser.add_argument(
+        "--source",
+        type=Path,
+        help="run loopwire workers from this source tree (e.g. a baseline copy) instead",
+    )
+    return parser.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    plan = QUICK if args.quick else FULL
+    if args.rounds:
+        plan = type(plan)(**{**plan.__dict__, "rounds": args.rounds})
+    names = args.scenario or list(SCENARIOS)
+    run_id = uuid.uuid4().hex[:6]
+    shared = Shared()
+    await shared.start()
+    model = ModelServer()
+    started = time.time()
+    result: dict[str, Any] = {
+        "run_id": run_id,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "mode": "quick" if args.quick else "full",
+        "plan": plan.__dict__,
+        "machine": await machine(shared.redis),
+        "scenarios": {},
+    }
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    try:
+        await model.start()
+        driver = Driver(shared, model, run_id)
+        await driver.start()
+        ctx = Context(
+            plan=plan,
+            shared=shared,
+            model=model,
+            driver=driver,
+            run_id=run_id,
+            profile_dir=args.profile,
+            source=args.source,
+        )
+        for name in names:
+            print(f"[bench] {name} ...", flush=True)
+            t0 = time.monotonic()
+            result["scenarios"][name] = await SCENARIOS[name](ctx)
+            print(f"[bench] {name} done in {time.monotonic() - t0:.0f}s", flush=True)
+        result["tables"] = ctx.tables
+    finally:
+        model.stop()
+        model.proc.remove_log()
+        await Driver(shared, model, run_id).cleanup()
+        await shared.close()
+    result["seconds"] = round(time.time() - started, 1)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = asyncio.run(run(args))
+    m = result["machine"]
+    print()
+    print(
+        f"machine: {m['nproc']} vCPU, {next((line for line in m['lscpu'] if 'Model name' in line), '?')}, "
+        f"RabbitMQ {m['rabbitmq']}, Redis {m['redis']}, Python {m['python']}"
+    )
+    for text in result.get("tables", []):
+        print()
+        print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{result['mode']}.json"
+    path.write_text(json.dumps(result, indent=2, default=str))
+    print(f"\n[bench] {result['seconds']}s; results in {path}")
+    return 0

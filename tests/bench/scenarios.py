@@ -1,0 +1,450 @@
+"""The benchmark's scenarios. Each alternates floor and loopwire runs (ABBA order) under the
+same load and reports medians and the loopwire / floor ratio of the medians."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.bench import micro
+from tests.bench.load import (
+    Driver,
+    FloorTarget,
+    LoopwireTarget,
+    ModelServer,
+    Shared,
+    Target,
+    Window,
+)
+from tests.bench.report import median, ratio, table
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int
+    adapter_calls: int
+    adapter_concurrency: tuple[int, ...]
+    rpc_calls: int
+    rpc_concurrency: tuple[int, ...]
+    step_sessions: tuple[int, ...]
+    step_warmup_s: float
+    step_window_s: float
+    conc_sessions: int
+    conc_delay_s: float
+    conc_warmup_s: float
+    conc_window_s: float
+    conc_rounds: int
+    hold_delay_s: float
+    scale_sessions: int
+    steps: int = 5
+    prefetch: int = 300
+
+
+FULL = Plan(
+    rounds=3,
+    adapter_calls=400,
+    adapter_concurrency=(1, 32, 256),
+    rpc_calls=600,
+    rpc_concurrency=(1, 32),
+    step_sessions=(32, 256),
+    step_warmup_s=4,
+    step_window_s=15,
+    conc_sessions=2000,
+    conc_delay_s=2.0,
+    conc_warmup_s=8,
+    conc_window_s=20,
+    conc_rounds=2,
+    hold_delay_s=100,
+    scale_sessions=256,
+)
+QUICK = Plan(
+    rounds=1,
+    adapter_calls=80,
+    adapter_concurrency=(32,),
+    rpc_calls=100,
+    rpc_concurrency=(32,),
+    step_sessions=(32,),
+    step_warmup_s=1.5,
+    step_window_s=2.5,
+    conc_sessions=300,
+    conc_delay_s=1.0,
+    conc_warmup_s=2.5,
+    conc_window_s=2.5,
+    conc_rounds=1,
+    hold_delay_s=40,
+    scale_sessions=32,
+)
+
+
+@dataclass
+class Context:
+    plan: Plan
+    shared: Shared
+    model: ModelServer
+    driver: Driver
+    run_id: str
+    profile_dir: Path | None = None
+    source: Path | None = None
+    agents_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lw-bench-")))
+    tables: list[str] = field(default_factory=list)
+
+    def targets(
+        self, *, prefetch: int, extra_env: dict[str, str] | None = None
+    ) -> tuple[FloorTarget, LoopwireTarget]:
+        floor = FloorTarget(self.shared, self.model, prefetch=prefetch, steps=self.plan.steps)
+        loopwire = LoopwireTarget(
+            self.shared,
+            self.model,
+            prefetch=prefetch,
+            steps=self.plan.steps,
+            agents_dir=self.agents_dir,
+            extra_env={"LOOPWIRE_GRACE_S": "3", **(extra_env or {})},
+            source=self.source,
+        )
+        for target in (floor, loopwire):
+            target.profile_dir = self.profile_dir
+        return floor, loopwire
+
+
+def _order(round_no: int, floor: Target, loopwire: Target) -> tuple[Target, Target]:
+    return (floor, loopwire) if round_no % 2 == 0 else (loopwire, floor)
+
+
+async def adapter(ctx: Context) -> dict[str, Any]:
+    """The model call alone, on each client path (see ``micro.ADAPTER_VARIANTS``)."""
+    plan = ctx.plan
+    await ctx.model.configure(delay=0)
+    out: dict[str, Any] = {}
+    rows = []
+    for concurrency in plan.adapter_concurrency:
+        rounds = []
+        for _ in range(plan.rounds):
+            rounds.append(
+                await micro.adapter_round(ctx.model, n=plan.adapter_calls, concurrency=concurrency)
+            )
+        summary = {
+            name: {
+                key: median([r[name][key] for r in rounds])
+                for key in ("cpu_ms", "p50_ms", "p99_ms")
+            }
+            for name in micro.ADAPTER_VARIANTS
+        }
+        floor_cpu = summary["plain_aiohttp"]["cpu_ms"]
+        for name, s in summary.items():
+            s["x_plain_aiohttp"] = ratio(s["cpu_ms"], floor_cpu)
+            rows.append((concurrency, name, s["cpu_ms"], s["x_plain_aiohttp"], s["p50_ms"]))
+        out[f"concurrency_{concurrency}"] = {"rounds": rounds, "median": summary}
+    ctx.tables.append(
+        table(
+            "Model call: client CPU per call (median of rounds)",
+            ("conc", "variant", "cpu ms", "x plain aiohttp", "p50 ms"),
+            rows,
+        )
+    )
+    return out
+
+
+async def rpc(ctx: Context) -> dict[str, Any]:
+    """One tool call round trip: loopwire's ToolRPC + SDK service vs raw aio-pika RPC."""
+    plan = ctx.plan
+    floor, loopwire = ctx.targets(prefetch=plan.prefetch)
+    await floor.start_helpers()
+    await loopwire.start_helpers()
+    out: dict[str, Any] = {}
+    rows: list[tuple[Any, ...]] = []
+    try:
+        for concurrency in plan.rpc_concurrency:
+            rounds = [
+                await micro.rpc_round(
+                    calculator=loopwire.helpers[0],
+                    raw_tool=floor.helpers[0],
+                    run_id=ctx.run_id,
+                    n=plan.rpc_calls,
+                    concurrency=concurrency,
+                )
+                for _ in range(plan.rounds)
+            ]
+            summary = {
+                name: {
+                    key: median([r[name][key] for r in rounds])
+                    for key in ("cpu_ms", "service_cpu_ms", "p50_ms", "p99_ms")
+                }
+                for name in ("raw", "loopwire")
+            }
+            lw, raw = summary["loopwire"], summary["raw"]
+            summary["ratio"] = {
+                "caller_cpu": ratio(lw["cpu_ms"], raw["cpu_ms"]),
+                "all_cpu": ratio(
+                    lw["cpu_ms"] + lw["service_cpu_ms"], raw["cpu_ms"] + raw["service_cpu_ms"]
+                ),
+                "p50_latency": ratio(lw["p50_ms"], raw["p50_ms"]),
+            }
+            for name in ("raw", "loopwire"):
+                s = summary[name]
+                rows.append(
+                    (concurrency, name, s["cpu_ms"], s["service_cpu_ms"], s["p50_ms"], s["p99_ms"])
+                )
+            r = summary["ratio"]
+            rows.append(
+                (
+                    concurrency,
+                    "ratio",
+                    r["caller_cpu"],
+                    "-",
+                    r["p50_latency"],
+                    f"all {r['all_cpu']:.2f}",
+                )
+            )
+            out[f"concurrency_{concurrency}"] = {"rounds": rounds, "median": summary}
+    finally:
+        floor.stop()
+        loopwire.stop()
+    ctx.tables.append(
+        table(
+            "Tool RPC round trip (median of rounds)",
+            ("conc", "who", "caller cpu ms", "service cpu ms", "p50 ms", "p99 ms"),
+            rows,
+        )
+    )
+    return out
+
+
+def _summarize(windows: dict[str, list[Window]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for name, ws in windows.items():
+        summary[name] = {
+            "worker_cpu_ms_per_step": median([w.cpu_ms_per_step for w in ws]),
+            "steps_per_s": median([w.steps_per_s for w in ws]),
+            "outside_model_p50_ms": median([1000 * w.gaps.get("p50", float("nan")) for w in ws]),
+            "outside_model_p99_ms": median([1000 * w.gaps.get("p99", float("nan")) for w in ws]),
+        }
+    if "floor" in summary and "loopwire" in summary:
+        lw, fl = summary["loopwire"], summary["floor"]
+        pairs = zip(windows["loopwire"], windows["floor"], strict=False)
+        summary["ratio"] = {
+            "cpu_per_step": ratio(lw["worker_cpu_ms_per_step"], fl["worker_cpu_ms_per_step"]),
+            "cpu_per_step_per_round": [
+                ratio(a.cpu_ms_per_step, b.cpu_ms_per_step) for a, b in pairs
+            ],
+            "steps_per_s": ratio(lw["steps_per_s"], fl["steps_per_s"]),
+        }
+    return summary
+
+
+async def step_cost(ctx: Context) -> dict[str, Any]:
+    """Worker CPU per step at each session count, floor and loopwire alternated."""
+    plan = ctx.plan
+    await ctx.model.configure(delay=0)
+    floor, loopwire = ctx.targets(prefetch=plan.prefetch)
+    await floor.start(1)
+    await loopwire.start(1)
+    out: dict[str, Any] = {}
+    rows = []
+    try:
+        for sessions in plan.step_sessions:
+            windows: dict[str, list[Window]] = {"floor": [], "loopwire": []}
+            for r in range(plan.rounds):
+                for target in _order(r, floor, loopwire):
+                    window = await ctx.driver.measure(
+                        target,
+                        sessions=sessions,
+                        warmup_s=plan.step_warmup_s,
+                        window_s=plan.step_window_s,
+                    )
+                    windows[target.name].append(window)
+            summary = _summarize(windows)
+            out[f"sessions_{sessions}"] = {
+                "rounds": {k: [w.as_dict() for w in v] for k, v in windows.items()},
+                "median": summary,
+            }
+            for name in ("floor", "loopwire"):
+                s = summary[name]
+                rows.append(
+                    (
+                        sessions,
+                        name,
+                        s["worker_cpu_ms_per_step"],
+                        summary["ratio"]["cpu_per_step"] if name == "loopwire" else 1.0,
+                        s["steps_per_s"],
+                        s["outside_model_p50_ms"],
+                        s["outside_model_p99_ms"],
+                    )
+                )
+    finally:
+        floor.stop()
+        loopwire.stop()
+    ctx.tables.append(
+        table(
+            f"Worker CPU per step ({plan.steps} steps/turn, 40-message history, 1 tool call/step;"
+            " target loopwire <= 1.5x floor)",
+            ("sessions", "system", "cpu ms/step", "x floor", "steps/s", "out p50 ms", "out p99 ms"),
+            rows,
+        )
+    )
+    return out
+
+
+async def concurrency(ctx: Context) -> dict[str, Any]:
+    """``conc_sessions`` turns in flight on one worker. Throughput: the model answers after
+    ``conc_delay_s``; sustained steps/s and the time each step spends outside the model call.
+    Memory: the model answers only after ``hold_delay_s``, so that every turn waits for it at
+    once; RSS over the warmed-up idle worker, per turn waiting."""
+    plan = ctx.plan
+    sessions = plan.conc_sessions
+    floor, loopwire = ctx.targets(
+        prefetch=sessions + 500,
+        extra_env={"LOOPWIRE_MODEL__MAX_CONNECTIONS": str(2 * sessions)},
+    )
+    await floor.start(1)
+    await loopwire.start(1)
+    windows: dict[str, list[Window]] = {"floor": [], "loopwire": []}
+    memory: dict[str, list[dict[str, float]]] = {"floor": [], "loopwire": []}
+    baseline: dict[str, int] = {}
+
+    async def restart(target: Target) -> None:
+        await target.stop_workers()  # abort the turns in flight, start afresh
+        await ctx.shared.purge_work()
+        await target.add_worker()
+        await ctx.driver.measure(target, sessions=8, warmup_s=0.5, window_s=0.1)
+        baseline[target.name] = sum(w.rss() for w in target.workers)
+
+    try:
+        await ctx.model.configure(delay=0)
+        for first in _order(0, floor, loopwire):  # warm up (imports, pools) before the baseline
+            await ctx.driver.measure(first, sessions=8, warmup_s=0.5, window_s=0.1)
+            baseline[first.name] = sum(w.rss() for w in first.workers)
+        for r in range(plan.conc_rounds):
+            await ctx.model.configure(delay=plan.conc_delay_s)
+            for target in _order(r, floor, loopwire):
+                window = await ctx.driver.measure(
+                    target,
+                    sessions=sessions,
+                    warmup_s=plan.conc_warmup_s,
+                    window_s=plan.conc_window_s,
+                    drain=False,
+                    rss_baseline=baseline[target.name],
+                )
+                windows[target.name].append(window)
+                await ctx.model.configure(delay=0)
+                await restart(target)
+                await ctx.model.configure(delay=plan.conc_delay_s)
+            await ctx.model.configure(delay=plan.hold_delay_s)
+            for target in _order(r, floor, loopwire):
+                memory[target.name].append(
+                    await ctx.driver.hold(
+                        target,
+                        sessions=sessions,
+                        baseline=baseline[target.name],
+                        timeout_s=plan.hold_delay_s - 10,
+                    )
+                )
+                await ctx.model.configure(delay=0)
+                await restart(target)
+                await ctx.model.configure(delay=plan.hold_delay_s)
+    finally:
+        await ctx.model.configure(delay=0)
+        floor.stop()
+        loopwire.stop()
+    summary = _summarize(windows)
+    rows = []
+    for name in ("floor", "loopwire"):
+        s = summary[name]
+        s["kb_per_turn_waiting"] = median([m["kb_per_turn"] for m in memory[name]])
+        s["turns_waiting"] = median([m["turns_waiting"] for m in memory[name]])
+        rows.append(
+            (
+                name,
+                s["steps_per_s"],
+                s["outside_model_p50_ms"],
+                s["outside_model_p99_ms"],
+                s["worker_cpu_ms_per_step"],
+                s["kb_per_turn_waiting"],
+                s["turns_waiting"],
+            )
+        )
+    summary["ratio"]["kb_per_turn"] = ratio(
+        summary["loopwire"]["kb_per_turn_waiting"], summary["floor"]["kb_per_turn_waiting"]
+    )
+    ctx.tables.append(
+        table(
+            f"Concurrency: {sessions} turns in flight on one worker; throughput with the model "
+            f"answering after {plan.conc_delay_s:g}s, memory with all turns waiting for it "
+            "(target <= 50 KB/turn)",
+            ("system", "steps/s", "out p50 ms", "out p99 ms", "cpu ms/step", "KB/turn", "waiting"),
+            rows,
+        )
+    )
+    return {
+        "rounds": {k: [w.as_dict() for w in v] for k, v in windows.items()},
+        "memory": memory,
+        "median": summary,
+    }
+
+
+async def scaling(ctx: Context) -> dict[str, Any]:
+    """One worker versus two on the same load (throughput ratio), floor as the reference."""
+    plan = ctx.plan
+    sessions = plan.scale_sessions
+    await ctx.model.configure(delay=0)
+    floor, loopwire = ctx.targets(prefetch=plan.prefetch)
+    await floor.start(1)
+    await loopwire.start(1)
+    out: dict[str, Any] = {}
+    rows = []
+    try:
+        results: dict[str, dict[int, list[Window]]] = {
+            "floor": {1: [], 2: []},
+            "loopwire": {1: [], 2: []},
+        }
+        for r in range(plan.rounds):
+            for target in _order(r, floor, loopwire):
+                counts = (1, 2) if r % 2 == 0 else (2, 1)
+                for count in counts:
+                    while len(target.workers) < count:
+                        await target.add_worker()
+                    while len(target.workers) > count:
+                        proc = target.workers.pop()
+                        proc.stop()
+                        proc.remove_log()
+                    window = await ctx.driver.measure(
+                        target,
+                        sessions=sessions,
+                        warmup_s=plan.step_warmup_s,
+                        window_s=plan.step_window_s,
+                    )
+                    results[target.name][count].append(window)
+        for name, by_count in results.items():
+            one = median([w.steps_per_s for w in by_count[1]])
+            two = median([w.steps_per_s for w in by_count[2]])
+            out[name] = {
+                "steps_per_s_1_worker": one,
+                "steps_per_s_2_workers": two,
+                "ratio_2_to_1": ratio(two, one),
+                "cpu_ms_per_step_1": median([w.cpu_ms_per_step for w in by_count[1]]),
+                "cpu_ms_per_step_2": median([w.cpu_ms_per_step for w in by_count[2]]),
+                "rounds": {str(k): [w.as_dict() for w in v] for k, v in by_count.items()},
+            }
+            rows.append((name, one, two, ratio(two, one)))
+    finally:
+        floor.stop()
+        loopwire.stop()
+    ctx.tables.append(
+        table(
+            f"Scaling: one worker vs two, {sessions} sessions (2 vCPU shared with broker, Redis, "
+            "model and tool service)",
+            ("system", "1 worker steps/s", "2 workers steps/s", "ratio"),
+            rows,
+        )
+    )
+    return out
+
+
+SCENARIOS = {
+    "adapter": adapter,
+    "rpc": rpc,
+    "step": step_cost,
+    "concurrency": concurrency,
+    "scaling": scaling,
+}
