@@ -48,7 +48,7 @@ FLOOR: Parts = (
     ("model call (aiohttp POST + json)", tuple(f"floor.py:{n})" for n in range(129, 137))),
     ("tool RPC", ("RawRpc", "floor.py:138)")),
     ("event", ("floor.py:160)",)),
-    ("publish next step / reply, ack", ("floor.py:169)", "floor.py:177)", "floor.py:181)")),
+    ("publish next step / reply, ack", ("floor.py:169)", "floor.py:177)", "floor.py:183)")),
     ("Redis: load", ("floor.py:121)",)),
     ("Redis: save", ("floor.py:157)",)),
     ("step logic, msgpack", ("FloorWorker.on_step",)),

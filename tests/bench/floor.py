@@ -175,7 +175,9 @@ class FloorWorker:
             )
         else:
             await self.publish.default_exchange.publish(
-                aio_pika.Message(msgpack.packb({"turn": work["t"]}), type="turn.result"),
+                aio_pika.Message(
+                    msgpack.packb({"turn": work["t"]}), type="turn.result", correlation_id=work["t"]
+                ),
                 routing_key=work["r"],
             )
         await message.ack()

@@ -21,8 +21,8 @@ from openai.types.chat import ChatCompletion
 from contracts.messages import ChatMessage
 from contracts.tools import ToolCallRequest, ToolContext, ToolDefinition, idempotency_key
 from tests.bench.floor import RawRpc
-from tests.bench.load import ModelServer, _chat_history
 from tests.bench.procs import Proc
+from tests.bench.targets import ModelServer, chat_history
 from tests.bench.workload import AMQP_URL, SYSTEM_PROMPT, TOOL, tool_definition, turn_input
 from worker.loop.interfaces import ModelRequest
 from worker.model import OpenAIModel, build_body, encode_body
@@ -38,7 +38,7 @@ def _request() -> ModelRequest:
     )
     messages = [
         ChatMessage.system(SYSTEM_PROMPT),
-        *_chat_history(),
+        *chat_history(),
         ChatMessage.user(turn_input("micro")),
     ]
     return ModelRequest(messages=messages, tools=[definition])

@@ -1,7 +1,8 @@
 """The bench's model: ``worker.scripted_model.ScriptedModel`` answering every request with one
 tool call, after a configurable delay, plus a control port.
 
-Run: ``python -m tests.bench.model_server --port P --control-port C``.
+Run: ``python -m tests.bench.model_server [--port P] [--control-port C]`` (default: ports the
+system picks); it prints ``ready <port> <control port>`` once both listen.
 
 Control (HTTP on the control port):
 
@@ -91,14 +92,15 @@ def _summary(values: list[float]) -> dict[str, float]:
 async def serve(port: int, control_port: int) -> None:
     bench = BenchModel()
     bench.server.respond_with(bench.respond)
-    await bench.server.start("127.0.0.1", port)
+    base_url = await bench.server.start("127.0.0.1", port)
     app = web.Application()
     app.router.add_post("/config", bench.config)
     app.router.add_get("/stats", bench.stats)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", control_port).start()
-    print("ready", flush=True)
+    bound = int(base_url.rsplit(":", 1)[1].split("/", 1)[0])
+    print(f"ready {bound} {runner.addresses[0][1]}", flush=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -112,8 +114,8 @@ async def serve(port: int, control_port: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.model_server")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--control-port", type=int, required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--control-port", type=int, default=0)
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.port, args.control_port))

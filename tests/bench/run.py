@@ -1,7 +1,8 @@
 """Run the benchmark suite: ``python -m tests.bench [--quick] [--scenario NAME ...]``.
 
 Needs RabbitMQ and Redis (``LOOPWIRE_AMQP_URL``, ``LOOPWIRE_REDIS_URL``; defaults: the vhost
-``lw_bench`` and Redis database 3 on localhost). Starts its own processes: the bench model
+``lw_bench`` and Redis database 3 on localhost). Give it a vhost of its own: it purges the turn
+and tool queues of its vhost. Its Redis keys carry the run's id and are deleted at the end. Starts its own processes: the bench model
 server, the floor worker and raw tool responder, loopwire workers and the calculator tool
 service. Prints tables and writes ``tests/bench/results/bench-<time>.json``.
 
@@ -13,7 +14,9 @@ Scenarios (all by default, in this order):
 - ``concurrency``: 2,000 turns in flight on one worker with a model answering after 2 s;
 - ``scaling``: one worker vs two on the same load.
 
-``--quick`` (the CI smoke run, about a minute) runs every scenario once at a small scale.
+``--quick`` (the CI smoke run, about a minute and a half) runs every scenario once at a small
+scale. The exit status is 1 when a turn failed or finished wrong (never for slow numbers: the
+machines are shared and noisy; compare ratios, not absolute times).
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.bench.load import Driver, ModelServer, Shared
+from tests.bench.load import Driver
 from tests.bench.report import machine
 from tests.bench.scenarios import FULL, QUICK, SCENARIOS, Context
+from tests.bench.targets import ModelServer, Shared
+from tests.bench.workload import AMQP_URL, REDIS_URL
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -64,7 +70,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     names = args.scenario or list(SCENARIOS)
     run_id = uuid.uuid4().hex[:6]
     shared = Shared()
-    await shared.start()
+    try:
+        await shared.start()
+    except Exception as exc:
+        await shared.close()
+        raise SystemExit(
+            f"cannot use RabbitMQ at {AMQP_URL} or Redis at {REDIS_URL}: {exc!r}\n"
+            "The suite needs a vhost of its own (it purges the turn and tool queues of its vhost): "
+            "create it (rabbitmqctl add_vhost lw_bench; rabbitmqctl set_permissions -p lw_bench "
+            "guest '.*' '.*' '.*') or point LOOPWIRE_AMQP_URL / LOOPWIRE_REDIS_URL elsewhere."
+        ) from None
     model = ModelServer()
     started = time.time()
     result: dict[str, Any] = {
@@ -121,4 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{result['mode']}.json"
     path.write_text(json.dumps(result, indent=2, default=str))
     print(f"\n[bench] {result['seconds']}s; results in {path}")
-    return 0
+    problems = list(_unhealthy(result["scenarios"]))
+    for problem in problems:
+        print(f"[bench] FAILED: {problem}")
+    return 1 if problems else 0
+
+
+def _unhealthy(node: Any, where: str = "") -> Iterator[str]:
+    """Turns that failed or came back wrong anywhere in the results (numbers are not judged)."""
+    if isinstance(node, dict):
+        health = node.get("health")
+        if isinstance(health, dict):
+            bad = {k: v for k, v in health.items() if k != "transient_retries" and v}
+            if bad:
+                yield f"{where}: {bad}"
+        for key, value in node.items():
+            yield from _unhealthy(value, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _unhealthy(value, f"{where}[{i}]")

@@ -9,16 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import micro
-from tests.bench.load import (
-    Driver,
-    FloorTarget,
-    LoopwireTarget,
-    ModelServer,
-    Shared,
-    Target,
-    Window,
-)
+from tests.bench.load import Driver, Window
 from tests.bench.report import median, ratio, table
+from tests.bench.targets import FloorTarget, LoopwireTarget, ModelServer, Shared, Target
 
 
 @dataclass(frozen=True)
