@@ -48,6 +48,12 @@ async def reset_topology() -> None:
     async with connection:
         channel = await connection.channel()
         await declare(channel)
+        # an earlier test's worker still shutting down must not take this test's work
+        for _ in range(150):
+            turns = await channel.declare_queue(t.TURNS_QUEUE, passive=True)
+            if not turns.declaration_result.consumer_count:
+                break
+            await asyncio.sleep(0.1)
         for name in (t.TURNS_QUEUE, t.RETRY_QUEUE, t.DEAD_LETTER_QUEUE):
             queue = await channel.get_queue(name, ensure=False)
             await queue.purge()
