@@ -240,5 +240,10 @@ def main() -> int:
             loop.add_signal_handler(sig, worker.stop)
         await worker.run()
 
-    asyncio.run(runner())
+    if settings.event_loop == "uvloop":
+        import uvloop
+
+        uvloop.run(runner())
+    else:
+        asyncio.run(runner())
     return 0

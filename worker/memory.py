@@ -45,6 +45,7 @@ class MemoryStore:
         *,
         append: Sequence[ChatMessage] = (),
         result: TurnResult | None = None,
+        release: bool = False,
     ) -> AgentState:
         stored = self.states.get(state.session_id)
         if (stored.version if stored else 0) != state.version:

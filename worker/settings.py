@@ -7,6 +7,7 @@ Example: ``LOOPWIRE_MODEL__BASE_URL=http://localhost:11434/v1``,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -68,6 +69,10 @@ class Settings(BaseSettings):
     )
     grace_s: float = Field(
         default=25.0, gt=0, description="SIGTERM: time to finish the steps in hand."
+    )
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop",
+        description="The worker's event loop: uvloop, or the standard asyncio loop.",
     )
     log_level: str = Field(default="INFO", description="Logging level of the worker process.")
     http_port: int = Field(

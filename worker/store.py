@@ -20,7 +20,8 @@ the step's ``SessionHandle`` keeps it current with what it appends itself (no
 other writer can append while the lease is held) until the loop compiles the
 model request from it; nothing of it is kept after that (the step then waits
 seconds for the model, with thousands of steps in flight). Messages are
-decoded in one batch.
+decoded in one batch. A step's last save also lets go of the lease (``release``),
+so a step costs three scripts: lease, model answer, step.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ return 0
 """
 
 # KEYS: lease state list result turns queue requests
-# ARGV: token, expected_version, state_blob, release(0/1), ttl_s, result_blob|'', turn_id, n, msg...
+# ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
+#       n, msg...
 _SAVE: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
 local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
@@ -252,6 +254,8 @@ class SessionHandle:
         self.store = store
         self.lease = lease
         self.next_turn: str | None = None
+        self.released = False
+        """The lease was let go by a save (``release`` or a result): the step wrote its last."""
         self._history = lease.history
         """The session history read with the lease plus what this step appended since; handed
         out once (``load_messages``), then dropped."""
@@ -282,6 +286,7 @@ class SessionHandle:
         *,
         append: Sequence[ChatMessage] = (),
         result: TurnResult | None = None,
+        release: bool = False,
     ) -> AgentState:
         sid = state.session_id
         ex = state.execution
@@ -294,7 +299,7 @@ class SessionHandle:
             self.lease.token,
             state.version,
             encode(stored),
-            "1" if result is not None else "0",
+            "1" if result is not None or release else "0",
             self.store.ttl_s,
             encode(result) if result is not None else "",
             turn_id,
@@ -320,6 +325,7 @@ class SessionHandle:
             if "STALE" in str(exc):
                 raise StaleStateError(f"session {sid}: {exc}") from None
             raise
+        self.released = result is not None or release
         _failpoint_after_save(state, append)
         if self._history is not None and not transient:
             self._history.extend(appended)
@@ -335,7 +341,9 @@ def _failpoint_after_save(state: AgentState, append: Sequence[ChatMessage]) -> N
     if any(m.role == "assistant" and m.tool_calls for m in append):
         failpoints.hit("model_saved")
     ex = state.execution
-    if not append and ex is not None and ex.pending is not None and ex.pending.results:
+    if any(m.role == "tool" for m in append) or (
+        not append and ex is not None and ex.pending is not None and ex.pending.results
+    ):
         failpoints.hit("tool_result_saved")
 
 

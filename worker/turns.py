@@ -19,7 +19,6 @@ result and the ``turn.completed`` event keep what the loop produced.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -130,34 +129,29 @@ class TurnWork:
         lease = await self.store.lease(work.session_id)
         if lease is None:
             return [Busy()]
-        renewer = asyncio.create_task(self._renew(lease))
-        finished = False
+        handle = self.store.handle(lease)
+        renewer = _Renewer(self.store, lease, handle)
         try:
-            actions, finished = await self._step(lease, work)
-            return actions
+            return await self._step(handle, work)
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
-            if not finished:
+            renewer.stop()
+            if not handle.released:
                 await self.store.release(lease)
 
-    async def _step(self, lease: Lease, work: StepWork) -> tuple[list[Action], bool]:
+    async def _step(self, handle: SessionHandle, work: StepWork) -> list[Action]:
         failpoints.hit("step_begin")
-        state = lease.state
+        state = handle.lease.state
         ex = state.execution if state else None
-        handle = self.store.handle(lease)
         if ex is None:
             head = await self.store.head(work.session_id)
             if head != work.turn_id or work.step != 0:
-                return await self._already_done(work, head), False
+                return await self._already_done(work, head)
             request = await self.store.request(work.session_id, work.turn_id)
             if request is None:
-                return [
-                    Drop(f"turn {work.turn_id} has no stored request", "missing_request")
-                ], False
+                return [Drop(f"turn {work.turn_id} has no stored request", "missing_request")]
             profile = self.profile(request.agent)
-            state = await handle.save(new_execution(state, request, profile, self.clock()))
+            # not saved here: the turn's first save (its input) writes it
+            state = new_execution(state, request, profile, self.clock())
             ex = state.execution
             assert ex is not None
         elif ex.turn_id != work.turn_id or work.step != len(ex.steps):
@@ -167,14 +161,14 @@ class TurnWork:
                 following = StepWork(
                     session_id=work.session_id, turn_id=work.turn_id, step=work.step + 1
                 )
-                return [Step(following)], False
-            return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")], False
+                return [Step(following)]
+            return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
         assert state is not None
         profile = self.profile(ex.request.agent)
         outcome = await self.loop_factory(handle, profile).step(state, profile)
         if isinstance(outcome, Finished):
             reply = await self.deliver(outcome.result) if ex.request.reply_to else outcome.result
-            return self._finish_actions(reply, ex.request, handle.next_turn), True
+            return self._finish_actions(reply, ex.request, handle.next_turn)
         next_ex = outcome.state.execution
         assert next_ex is not None
         failpoints.hit("step_saved")
@@ -182,7 +176,7 @@ class TurnWork:
             Step(
                 StepWork(session_id=work.session_id, turn_id=work.turn_id, step=len(next_ex.steps))
             )
-        ], False
+        ]
 
     async def fail_turn(self, work: StepWork, code: str, reason: str) -> list[Action]:
         """End the turn of a step that can never succeed (``finish_reason: error``), so that its
@@ -285,17 +279,44 @@ class TurnWork:
         except Exception:
             log.exception("could not publish turn.accepted for %s", request.turn_id)
 
-    async def _renew(self, lease: Lease) -> None:
-        """Keep the lease while the step runs. A renewal that fails (Redis briefly away) is
-        tried again at the next tick; if the lease is lost, the step's next save fails."""
-        interval = self.store.lease_ms / 3000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                renewed = await self.store.renew(lease)
-            except Exception as exc:
-                log.warning("could not renew the lease of session %s: %s", lease.session_id, exc)
-                continue
-            if not renewed:
+
+class _Renewer:
+    """Keeps a step's lease while the step runs: a timer renews it every third of its TTL (no
+    task unless it fires; most steps end before). A renewal that fails (Redis briefly away) is
+    tried again at the next tick; if the lease is lost, the step's next save fails."""
+
+    def __init__(self, store: RedisStore, lease: Lease, handle: SessionHandle) -> None:
+        self.store = store
+        self.lease = lease
+        self.handle = handle
+        self.interval = store.lease_ms / 3000
+        self.loop = asyncio.get_running_loop()
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = self.loop.call_later(self.interval, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        if not self.handle.released:
+            self.task = self.loop.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        lease = self.lease
+        try:
+            renewed = await self.store.renew(lease)
+        except Exception as exc:
+            log.warning("could not renew the lease of session %s: %s", lease.session_id, exc)
+            renewed = True  # try again at the next tick
+        if not renewed:
+            if not self.handle.released:
                 log.warning("lost the lease of session %s", lease.session_id)
-                return
+            return
+        if self.task is asyncio.current_task():
+            self.timer = self.loop.call_later(self.interval, self._fire)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None

@@ -11,7 +11,8 @@ interrupted anywhere resumes from the last saved point when it is run again:
    is saved (even when empty) before any tool runs — a saved response is never
    asked for again;
 3. tools: every call without a saved result runs concurrently; each result is
-   saved as it arrives — a saved result is never dispatched again;
+   saved as it arrives (the last one by the step's own save, which follows at
+   once) — a saved result is never dispatched again;
 4. complete: results in call order, empty-streak guard, ``after_step``, then
    stop when the model called no tool, a hook asked to stop, or the iteration
    cap was reached.
@@ -47,6 +48,7 @@ from contracts.state import (
     SessionContext,
     StepExecution,
     StopSignal,
+    ToolExecution,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from worker.errors import ModelError
@@ -152,8 +154,8 @@ class Loop:
             if isinstance(outcome, Finished):
                 return outcome
             state = outcome.state
-        state = await self.tools.run_pending(state, profile, self.catalog, self.store)
-        return await self._complete_step(state, profile)
+        state, unsaved = await self.tools.run_pending(state, profile, self.catalog, self.store)
+        return await self._complete_step(state, profile, unsaved)
 
     async def run_turn(
         self, state: AgentState | None, request: TurnRequest, profile: AgentProfile
@@ -241,7 +243,11 @@ class Loop:
         )
         return RunAgain(await self._save(state, append=[response.message]))
 
-    async def _complete_step(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
+    async def _complete_step(
+        self, state: AgentState, profile: AgentProfile, unsaved: Sequence[ToolExecution] = ()
+    ) -> StepOutcome:
+        """Judge the results and record the step; ``unsaved`` are results that this step's save
+        stores (announced once it did)."""
         ex = _execution(state)
         pending = ex.pending
         assert pending is not None and pending.response is not None
@@ -276,19 +282,34 @@ class Loop:
         outcome: StepOutcome
         if not calls:
             outcome = await self._finish(
-                state, profile, "stop", response.message.content, step=record
+                state, profile, "stop", response.message.content, step=record, invoked=unsaved
             )
         elif stop is not None:
             outcome = await self._finish(
-                state, profile, "stop", ex.last_content, append=tool_messages, step=record
+                state,
+                profile,
+                "stop",
+                ex.last_content,
+                append=tool_messages,
+                step=record,
+                invoked=unsaved,
             )
         elif len(ex.steps) + 1 >= ex.limits.max_tool_iterations:
             outcome = await self._finish(
-                state, profile, "max_iterations", ex.last_content, append=tool_messages, step=record
+                state,
+                profile,
+                "max_iterations",
+                ex.last_content,
+                append=tool_messages,
+                step=record,
+                invoked=unsaved,
             )
             observe(self.observer.iteration_cap_hit, agent)
         else:
-            state = await self._save(state, append=tool_messages)
+            # the step's last write: it also lets go of what the store holds for the step
+            state = await self._save(state, append=tool_messages, release=True)
+            for execution in unsaved:
+                await self.tools.emit_invoked(state, pending.index, execution)
             await self._emit_step(state, record)
             outcome = RunAgain(state)
         if hints:
@@ -306,6 +327,7 @@ class Loop:
         error: TurnError | None = None,
         append: Sequence[ChatMessage] = (),
         step: StepExecution | None = None,
+        invoked: Sequence[ToolExecution] = (),
     ) -> Finished:
         ex = _execution(state)
         now = self.clock()
@@ -338,6 +360,8 @@ class Loop:
         saved = await self.store.save(final, append=append if persist else (), result=result)
         observe(self.observer.turn_finished, result)
         if step is not None:
+            for execution in invoked:
+                await self.tools.emit_invoked(state, step.step.index, execution)
             await self._emit_step(state, step)
         await self._emit(finish_event_type(reason), TurnFinished(result=result), state)
         return Finished(saved, result)
@@ -349,8 +373,11 @@ class Loop:
         prompt = state.context.system_prompt or profile.system_prompt
         return [ChatMessage.system(prompt), *history] if prompt else list(history)
 
-    async def _save(self, state: AgentState, *, append: Sequence[ChatMessage] = ()) -> AgentState:
-        """Save mid-turn, counting appended messages into the turn and (when persisted) the session."""
+    async def _save(
+        self, state: AgentState, *, append: Sequence[ChatMessage] = (), release: bool = False
+    ) -> AgentState:
+        """Save mid-turn, counting appended messages into the turn and (when persisted) the
+        session; ``release`` on the step's last write."""
         ex = _execution(state)
         if append:
             ex = ex.model_copy(update={"message_count": ex.message_count + len(append)})
@@ -359,7 +386,9 @@ class Loop:
                 update={"execution": ex, "history_len": state.history_len + grow}
             )
         ex = ex.model_copy(update={"updated_at": self.clock()})
-        return await self.store.save(state.model_copy(update={"execution": ex}), append=append)
+        return await self.store.save(
+            state.model_copy(update={"execution": ex}), append=append, release=release
+        )
 
     async def _emit_step(self, state: AgentState, record: StepExecution) -> None:
         step = record.step

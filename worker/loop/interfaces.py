@@ -77,8 +77,13 @@ class StateStore(Protocol):
         *,
         append: Sequence[ChatMessage] = (),
         result: TurnResult | None = None,
+        release: bool = False,
     ) -> AgentState:
         """Write ``state`` if nobody wrote since it was loaded; append this turn's new messages.
+
+        ``release``: the step's last write (nothing more is written until the next step), so
+        the store may let go of what it holds for the step, e.g. a lease; so does a save with a
+        ``result``.
 
         Returns the state as stored (its ``version`` advanced). Raises
         ``StaleStateError`` when another writer got there first.

@@ -3,7 +3,8 @@
 Nothing a tool does escapes as an exception: an unknown tool, arguments that are
 not a JSON object, a blocked call, a timeout, an unreachable tool service or an
 exception in the tool all become an error result the model reads as
-``{"error": "..."}``. Each result is saved the moment it arrives.
+``{"error": "..."}``. Each result is saved the moment it arrives: the last one of
+the step by the step's own save, which follows at once.
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ class _Failed(NamedTuple):
     outcome: ToolCallOutcome
 
 
+class ToolPhase(NamedTuple):
+    """The state after the tool phase, and the executions in it that are not saved yet."""
+
+    state: AgentState
+    unsaved: tuple[ToolExecution, ...]
+
+
 class ToolRunner:
     def __init__(
         self,
@@ -89,20 +97,27 @@ class ToolRunner:
 
     async def run_pending(
         self, state: AgentState, profile: AgentProfile, catalog: ToolCatalog, store: StateStore
-    ) -> AgentState:
-        """Run every call of the pending step that has no saved result; return the saved state."""
+    ) -> ToolPhase:
+        """Run every call of the pending step that has no saved result.
+
+        Each result is saved as it arrives while other calls still run; the result that
+        completes the step is not saved here but returned in ``unsaved``: the step's own save,
+        which follows at once, stores it (one write fewer per step), and whoever makes that save
+        announces it (``tool.invoked``) after it."""
         ex = _execution(state)
         pending = ex.pending
         assert pending is not None and pending.response is not None
         todo = [c for c in pending.response.message.tool_calls if pending.result_for(c.id) is None]
         if not todo:
-            return state
+            return ToolPhase(state, ())
         offered = {d.name: d for d in await catalog.available() if profile.allows(d.name)}
         current = state
+        running = len(todo)
+        unsaved: list[ToolExecution] = []
         lock = asyncio.Lock()
 
         async def run_one(call: ToolCall) -> None:
-            nonlocal current
+            nonlocal current, running
             ctx = HookContext(state=current, profile=profile, step=pending.index)
             execution, updates, failed_as = await self._execute(ctx, call, offered)
             observe(
@@ -112,9 +127,18 @@ class ToolRunner:
                 execution.duration_s,
             )
             async with lock:
-                current = await store.save(_record(current, execution, updates, ctx, self.clock()))
-            await self._emit_invoked(current, pending.index, execution)
+                running -= 1
+                recorded = _record(current, execution, updates, ctx, self.clock())
+                if not running:
+                    current = recorded
+                    unsaved.append(execution)
+                    return
+                current = await store.save(recorded)
+            await self.emit_invoked(current, pending.index, execution)
 
+        if len(todo) == 1:
+            await run_one(todo[0])  # no task group for the common single call
+            return ToolPhase(current, tuple(unsaved))
         try:
             async with asyncio.TaskGroup() as group:
                 for call in todo:
@@ -123,7 +147,7 @@ class ToolRunner:
             # A failed save (StaleStateError, a lost Redis connection) must reach the caller as
             # itself, as it does from every other phase, so that it is classified (retried).
             raise _first_leaf(failed) from failed
-        return current
+        return ToolPhase(current, tuple(unsaved))
 
     async def _execute(
         self, ctx: HookContext, call: ToolCall, offered: Mapping[str, ToolDefinition]
@@ -253,7 +277,7 @@ class ToolRunner:
             execution = execution.model_copy(update={"content": content, "truncated": True})
         return execution
 
-    async def _emit_invoked(self, state: AgentState, step: int, execution: ToolExecution) -> None:
+    async def emit_invoked(self, state: AgentState, step: int, execution: ToolExecution) -> None:
         await self.emit(
             "tool.invoked",
             ToolInvoked(
