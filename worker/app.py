@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 import aio_pika
 import httpx2
-import openai
 from aio_pika.abc import AbstractIncomingMessage
 from openai import AsyncOpenAI
 from prometheus_client import CollectorRegistry
@@ -30,6 +29,7 @@ from worker.http import HealthServer
 from worker.loop import Hook, Hooks, Loop
 from worker.metrics import CountingSink, WorkerMetrics, build_info
 from worker.model import OpenAIModel
+from worker.model_http import ModelHttpClient
 from worker.profiles import AgentProfile, AgentProfiles
 from worker.redaction import REDACT
 from worker.redaction.service import Redaction
@@ -70,9 +70,9 @@ def openai_client(settings: Settings) -> AsyncOpenAI:
         api_key=m.api_key.get_secret_value(),
         max_retries=m.max_retries,
         timeout=httpx2.Timeout(m.timeout_s, connect=m.connect_timeout_s),
-        # the client's aiohttp transport: httpx's own pool costs ~1.6 ms of CPU per call at 32
-        # concurrent calls and grows with them (~10 ms at 1,000); this one stays ~1 ms (tests/bench)
-        http_client=openai.DefaultAioHttpClient(
+        # the client's aiohttp transport (httpx's own pool costs several times its CPU per call
+        # and grows with concurrent calls), minus httpx's per-call merging layers (tests/bench)
+        http_client=ModelHttpClient(
             limits=httpx2.Limits(
                 max_connections=m.max_connections, max_keepalive_connections=m.max_connections
             ),

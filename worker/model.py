@@ -7,12 +7,13 @@ recursively on every call (~10 ms of CPU with a 40-message history), and even
 ``client.post`` with a dict body serializes it through the client and then
 builds typed pydantic models from the answer. So the adapter
 
-- builds the body from loopwire's own already-validated messages and encodes it
+- builds the body from loopwire's own already-validated messages (the stored
+  history as the store decoded it, ``worker.loop.transcript``) and encodes it
   to JSON once (the bytes go to the client as ``content``: a replayable body, so
   the client's retries resend the very same bytes);
 - asks the client for the raw ``httpx2.Response`` (``cast_to``), so the
   status handling, retries and error types are still the client's, and reads
-  the few fields it needs from ``json.loads`` of the body itself.
+  the few fields it needs from the body itself.
 
 The HTTP transport is chosen where the client is built (``worker.app``): the
 client's aiohttp transport (``openai.DefaultAioHttpClient``) costs about half
@@ -33,38 +34,22 @@ from typing import Any
 
 import httpx2
 import openai
+import orjson
 from openai import AsyncOpenAI
 
 from contracts.messages import ChatMessage, ToolCall, Usage
 from contracts.state import ModelResponse
 from worker.errors import ModelError
 from worker.loop.interfaces import ModelRequest
+from worker.loop.transcript import wire_messages
 
 log = logging.getLogger("loopwire.model")
-
-
-def message_to_openai(message: ChatMessage) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.role == "assistant" and message.tool_calls:
-        out["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        out["name"] = message.name
-    return out
 
 
 def build_body(request: ModelRequest, default_model: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": request.model or default_model,
-        "messages": [message_to_openai(m) for m in request.messages],
+        "messages": wire_messages(request.messages),
     }
     if request.tools:
         body["tools"] = [tool.to_openai() for tool in request.tools]
@@ -79,13 +64,15 @@ def build_body(request: ModelRequest, default_model: str) -> dict[str, Any]:
 
 
 def encode_body(request: ModelRequest, default_model: str) -> bytes:
-    """The request as JSON bytes, encoded once (compact, UTF-8, no NaN: what the client sends)."""
-    return json.dumps(
-        build_body(request, default_model),
-        ensure_ascii=False,
-        separators=(",", ":"),
-        allow_nan=False,
-    ).encode()
+    """The request as JSON bytes, encoded once (compact UTF-8, what the client sends).
+
+    orjson: a tenth of the standard encoder's CPU on a 20 KB history. What it cannot encode
+    (an integer past 64 bits in a tool schema) goes through the standard encoder."""
+    body = build_body(request, default_model)
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def parse_completion(data: Any, elapsed: float) -> ModelResponse:
@@ -154,7 +141,7 @@ class OpenAIModel:
                 response = await self.client.post(
                     "/chat/completions", content=body, cast_to=httpx2.Response
                 )
-                return parse_completion(json.loads(response.content), time.monotonic() - started)
+                return parse_completion(orjson.loads(response.content), time.monotonic() - started)
             except openai.APIStatusError as exc:
                 raise ModelError(
                     f"model endpoint answered {exc.status_code}: {_short(exc.message)}",

@@ -44,6 +44,7 @@ from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
 from worker import failpoints
 from worker.errors import StaleStateError
+from worker.loop.transcript import StoredMessages
 
 # KEYS: lease fence state history ; ARGV: lease_ttl_ms, session_ttl_s
 _BEGIN: Final = """
@@ -52,7 +53,7 @@ local token = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
 local state = redis.call('HMGET', KEYS[3], 'v', 's')
-return {token, state[1] or false, state[2] or false, redis.call('LRANGE', KEYS[4], 0, -1)}
+return {token, state[1] or false, state[2] or false, table.concat(redis.call('LRANGE', KEYS[4], 0, -1))}
 """
 
 # KEYS: lease ; ARGV: token, ttl_ms
@@ -140,8 +141,9 @@ class Lease:
     token: int
     state: AgentState | None
     history: list[bytes] | None = None
-    """The session history (msgpack messages) read with the lease; the step's ``SessionHandle``
-    takes it over and empties it, so the raw bytes are not kept for the whole step."""
+    """The session history read with the lease, as chunks of a msgpack stream (one message after
+    another, the script returns them as one string); the step's ``SessionHandle`` takes it over
+    and empties it, so the raw bytes are not kept for the whole step."""
 
 
 class RedisStore:
@@ -210,7 +212,7 @@ class RedisStore:
             if isinstance(data, dict) and reply[1] is not None:
                 data["version"] = int(reply[1])  # the version lives beside the blob
             state = validate(data, AgentState)
-        return Lease(session_id, int(reply[0]), state, [_bytes(b) for b in reply[3]])
+        return Lease(session_id, int(reply[0]), state, [_bytes(reply[3])])
 
     async def renew(self, lease: Lease) -> bool:
         with self.timed("renew"):
@@ -260,12 +262,12 @@ class SessionHandle:
         """The session history read with the lease plus what this step appended since; handed
         out once (``load_messages``), then dropped."""
 
-    async def load_messages(self, state: AgentState) -> list[ChatMessage]:
+    async def load_messages(self, state: AgentState) -> StoredMessages:
         redis = self.store.redis
         sid = state.session_id
         ex = state.execution
         if self._history is not None and (ex is None or ex.request.persist):
-            messages = _messages(self._history)
+            messages = StoredMessages(_unpack(self._history))
             self._history.clear()  # the same list as ``lease.history``: free the bytes now
             self._history = None
             return messages
@@ -278,7 +280,7 @@ class SessionHandle:
                     pipe.lrange(keys.turn_transient(sid, ex.turn_id), 0, -1)
                     before, during = await pipe.execute()
                 items = [*before, *during] if ex.history_start > 0 else list(during)
-        return _messages(items)
+        return StoredMessages(_unpack(items))
 
     async def save(
         self,
@@ -353,6 +355,18 @@ _MESSAGES: Final = TypeAdapter(list[ChatMessage])
 def _messages(blobs: Sequence[bytes | str]) -> list[ChatMessage]:
     """Decode stored messages, validated in one batch (cheaper than one model at a time)."""
     return _MESSAGES.validate_python([msgpack.unpackb(_bytes(b), raw=False) for b in blobs])
+
+
+def _unpack(chunks: Sequence[bytes | str]) -> list[dict[str, Any]]:
+    """Stored messages as plain data. Each chunk holds one or more whole messages; they are ours
+    (validated when saved), so they are not validated again on every step."""
+    out: list[dict[str, Any]] = []
+    for chunk in chunks:
+        data = _bytes(chunk)
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
+        unpacker.feed(data)
+        out.extend(unpacker)
+    return out
 
 
 def _bytes(value: bytes | str) -> bytes:

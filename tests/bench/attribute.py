@@ -28,7 +28,7 @@ LOOPWIRE: Parts = (
             "AmqpEventSink.emit",
             "CountingSink.emit",
             "_emit_accepted",
-            "_emit_invoked",
+            "emit_invoked",
         ),
     ),
     ("Redis: lease (state + history read)", ("RedisStore.lease",)),

@@ -26,6 +26,7 @@ from tests.bench.targets import ModelServer, chat_history
 from tests.bench.workload import AMQP_URL, SYSTEM_PROMPT, TOOL, tool_definition, turn_input
 from worker.loop.interfaces import ModelRequest
 from worker.model import OpenAIModel, build_body, encode_body
+from worker.model_http import ModelHttpClient
 from worker.rpc import ToolRPC
 
 Call = Callable[[], Awaitable[Any]]
@@ -50,7 +51,9 @@ def _client(base_url: str, transport: str, concurrency: int) -> AsyncOpenAI:
         max_connections=max(100, concurrency), max_keepalive_connections=max(100, concurrency)
     )
     http_client: httpx2.AsyncClient
-    if transport == "aiohttp":
+    if transport == "lean":
+        http_client = ModelHttpClient(timeout=timeout, limits=limits)
+    elif transport == "aiohttp":
         http_client = openai.DefaultAioHttpClient(timeout=timeout, limits=limits)
     else:
         http_client = httpx2.AsyncClient(timeout=timeout, limits=limits)
@@ -92,6 +95,7 @@ ADAPTER_VARIANTS = (
     "post_bytes_raw_aiohttp",
     "adapter_httpx",
     "adapter_aiohttp",
+    "adapter_lean",
     "plain_aiohttp",
 )
 """What one model call costs on each client path, old to new:
@@ -103,6 +107,7 @@ ADAPTER_VARIANTS = (
   ``json.loads``, on httpx's transport / the client's aiohttp transport;
 - ``adapter_httpx`` / ``adapter_aiohttp``: ``worker.model.OpenAIModel.complete`` end to end
   (building the body from ``ChatMessage`` objects and parsing into ``ModelResponse``);
+- ``adapter_lean``: the same on ``worker.model_http.ModelHttpClient`` (what the worker uses);
 - ``plain_aiohttp``: a bare aiohttp POST + ``json.loads`` (the floor's model call).
 """
 
@@ -113,6 +118,7 @@ async def adapter_round(
     request = _request()
     httpx_client = _client(model.base_url, "httpx", concurrency)
     aio_client = _client(model.base_url, "aiohttp", concurrency)
+    lean_client = _client(model.base_url, "lean", concurrency)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     url = model.base_url + "/chat/completions"
     body = build_body(request, "bench")
@@ -153,6 +159,7 @@ async def adapter_round(
         "post_bytes_raw_aiohttp": raw(aio_client),
         "adapter_httpx": lambda: OpenAIModel(httpx_client, model="bench").complete(request),
         "adapter_aiohttp": lambda: OpenAIModel(aio_client, model="bench").complete(request),
+        "adapter_lean": lambda: OpenAIModel(lean_client, model="bench").complete(request),
         "plain_aiohttp": plain_aiohttp,
     }
     results: dict[str, dict[str, float]] = {}
@@ -163,6 +170,7 @@ async def adapter_round(
     finally:
         await httpx_client.close()
         await aio_client.close()
+        await lean_client.close()
         await session.close()
     return results
 

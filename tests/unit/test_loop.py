@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 
@@ -35,6 +36,7 @@ from worker.loop import (
 )
 from worker.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog, ToolFunction
 from worker.model import OpenAIModel
+from worker.model_http import ModelHttpClient
 from worker.profiles import AgentProfile
 from worker.scripted_model import Reply, ScriptedModel
 
@@ -49,12 +51,16 @@ MakeModel = Callable[..., OpenAIModel]
 
 @pytest.fixture
 async def make_model(scripted_model: ScriptedModel) -> AsyncIterator[MakeModel]:
-    """Adapters over real openai clients pointed at the scripted model; all closed afterwards."""
+    """Adapters over real openai clients pointed at the scripted model, on the HTTP client the
+    worker uses; all closed afterwards."""
     clients: list[openai.AsyncOpenAI] = []
 
     def factory(*, max_retries: int = 0, bad_response_retries: int = 2) -> OpenAIModel:
         client = openai.AsyncOpenAI(
-            base_url=scripted_model.base_url, api_key="test", max_retries=max_retries
+            base_url=scripted_model.base_url,
+            api_key="test",
+            max_retries=max_retries,
+            http_client=ModelHttpClient(timeout=httpx2.Timeout(30, connect=5)),
         )
         clients.append(client)
         return OpenAIModel(

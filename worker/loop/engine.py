@@ -53,7 +53,7 @@ from contracts.state import (
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from worker.errors import ModelError
 from worker.loop.guards import apply_empty_streak
-from worker.loop.hooks import Hook, HookContext
+from worker.loop.hooks import Hook, HookContext, rewrites_messages
 from worker.loop.interfaces import (
     EventSink,
     LoopObserver,
@@ -65,6 +65,7 @@ from worker.loop.interfaces import (
     observe,
 )
 from worker.loop.tools import ToolRunner
+from worker.loop.transcript import Transcript
 from worker.profiles import AgentProfile
 
 log = logging.getLogger("loopwire.loop")
@@ -199,8 +200,9 @@ class Loop:
             stopped = _with_execution(state, stop_signal=ctx.stop_signal)
             return await self._finish(stopped, profile, "stop", ex.last_content)
         started = self.clock()
-        messages = await self._compile(state, profile)
-        messages = await self.hooks.prepare_messages(ctx, messages)
+        messages: Sequence[ChatMessage] = await self._compile(state, profile)
+        if rewrites_messages(self.hooks):
+            messages = await self.hooks.prepare_messages(ctx, list(messages))
         offered = [d for d in await self.catalog.available() if profile.allows(d.name)]
         request = ModelRequest(
             messages=messages,
@@ -368,10 +370,10 @@ class Loop:
 
     # -- helpers --------------------------------------------------------------
 
-    async def _compile(self, state: AgentState, profile: AgentProfile) -> list[ChatMessage]:
+    async def _compile(self, state: AgentState, profile: AgentProfile) -> Transcript:
         history = await self.store.load_messages(state)
         prompt = state.context.system_prompt or profile.system_prompt
-        return [ChatMessage.system(prompt), *history] if prompt else list(history)
+        return Transcript(ChatMessage.system(prompt) if prompt else None, history)
 
     async def _save(
         self, state: AgentState, *, append: Sequence[ChatMessage] = (), release: bool = False

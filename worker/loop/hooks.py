@@ -131,3 +131,11 @@ class Hooks(Hook):
         for hook in self.hooks:
             execution = await hook.after_tool(ctx, execution)
         return execution
+
+
+def rewrites_messages(hook: Hook) -> bool:
+    """Whether ``prepare_messages`` of ``hook`` does anything (the base hook's returns its input):
+    if not, the loop need not build message objects for it."""
+    if isinstance(hook, Hooks):
+        return any(rewrites_messages(h) for h in hook.hooks)
+    return type(hook).prepare_messages is not Hook.prepare_messages

@@ -67,8 +67,9 @@ class EventSink(Protocol):
 
 
 class StateStore(Protocol):
-    async def load_messages(self, state: AgentState) -> list[ChatMessage]:
-        """The conversation so far: session history before the turn plus this turn's messages."""
+    async def load_messages(self, state: AgentState) -> Sequence[ChatMessage]:
+        """The conversation so far: session history before the turn plus this turn's messages
+        (a ``worker.loop.transcript.StoredMessages`` spares building every message object)."""
         ...
 
     async def save(

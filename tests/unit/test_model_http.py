@@ -1,0 +1,176 @@
+"""The worker's HTTP client under the openai client: the same answers, errors and retries as
+httpx's full path, without its per-call layers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from aiohttp import web
+
+from worker.model_http import ModelHttpClient
+
+
+class Server:
+    """A tiny HTTP server; each test sets what ``/v1/chat/completions`` does."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.queries: list[str] = []
+        self.behaviour: list[Any] = []
+        self.runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests.append((request.path, dict(request.headers), body))
+        self.queries.append(request.query_string)
+        action = self.behaviour.pop(0) if self.behaviour else "ok"
+        if action == "ok":
+            return web.json_response({"echo": json.loads(body or b"null"), "path": request.path})
+        if action == "redirect":
+            raise web.HTTPTemporaryRedirect(location="/v1/moved")
+        if action == "slow":
+            await asyncio.sleep(2)
+            return web.json_response({})
+        status, headers = action
+        return web.json_response({"error": {"message": "busy"}}, status=status, headers=headers)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    s = Server()
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+def client(server: Server, *, max_retries: int = 0, timeout: float = 10) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=server.base_url,
+        api_key="secret-key",
+        max_retries=max_retries,
+        http_client=ModelHttpClient(timeout=httpx2.Timeout(timeout, connect=5)),
+    )
+
+
+async def post(api: openai.AsyncOpenAI, body: bytes = b'{"model":"m"}') -> httpx2.Response:
+    return await api.post("/chat/completions", content=body, cast_to=httpx2.Response)
+
+
+async def test_a_plain_call_sends_the_clients_headers_and_returns_the_body(server: Server) -> None:
+    api = client(server)
+    try:
+        response = await post(api, b'{"model":"m","messages":[]}')
+    finally:
+        await api.close()
+    assert response.status_code == 200
+    assert response.json() == {
+        "echo": {"model": "m", "messages": []},
+        "path": "/v1/chat/completions",
+    }
+    assert response.elapsed.total_seconds() >= 0
+    _path, headers, body = server.requests[0]
+    assert body == b'{"model":"m","messages":[]}'
+    assert headers["Authorization"] == "Bearer secret-key"
+    assert headers["Content-Type"] == "application/json"
+
+
+async def test_retries_a_429_honouring_retry_after_then_succeeds(server: Server) -> None:
+    server.behaviour = [(429, {"Retry-After": "0"}), (503, {}), "ok"]
+    api = client(server, max_retries=2)
+    try:
+        response = await post(api)
+    finally:
+        await api.close()
+    assert response.status_code == 200
+    assert len(server.requests) == 3
+    # the openai client resends the same request (same idempotency key) on every retry
+    keys = {headers.get("Idempotency-Key") for _, headers, _ in server.requests}
+    assert len(keys) == 1
+
+
+async def test_status_errors_keep_their_openai_types(server: Server) -> None:
+    server.behaviour = [(401, {}), (500, {})]
+    api = client(server)
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            await post(api)
+        with pytest.raises(openai.InternalServerError):
+            await post(api)
+    finally:
+        await api.close()
+
+
+async def test_a_slow_endpoint_times_out_as_an_openai_timeout(server: Server) -> None:
+    server.behaviour = ["slow"]
+    api = client(server, timeout=0.3)
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            await post(api)
+    finally:
+        await api.close()
+
+
+async def test_an_unreachable_endpoint_is_a_connection_error() -> None:
+    api = openai.AsyncOpenAI(
+        base_url="http://127.0.0.1:9/v1",
+        api_key="k",
+        max_retries=0,
+        http_client=ModelHttpClient(timeout=httpx2.Timeout(2, connect=1)),
+    )
+    try:
+        with pytest.raises(openai.APIConnectionError):
+            await post(api)
+    finally:
+        await api.close()
+
+
+async def test_a_redirect_is_followed_through_the_full_path(server: Server) -> None:
+    server.behaviour = ["redirect", "ok"]
+    api = client(server)
+    try:
+        response = await post(api)
+    finally:
+        await api.close()
+    assert response.status_code == 200
+    assert [path for path, _, _ in server.requests] == ["/v1/chat/completions", "/v1/moved"]
+    assert response.json()["path"] == "/v1/moved"
+
+
+async def test_query_parameters_take_the_full_path(server: Server) -> None:
+    api = client(server)
+    try:
+        response = await api.post(
+            "/chat/completions",
+            content=b"{}",
+            cast_to=httpx2.Response,
+            options={"params": {"api-version": "2024-10-01"}},
+        )
+    finally:
+        await api.close()
+    assert response.status_code == 200
+    path, _headers, _body = server.requests[0]
+    assert path == "/v1/chat/completions"
+    assert server.queries == ["api-version=2024-10-01"]

@@ -1,0 +1,133 @@
+"""The messages of one model request, decoded no further than the request needs.
+
+A step sends the whole conversation to the model: with a 40-message history,
+validating every stored message into a ``ChatMessage`` again (the store
+validated each on the way in) costs more CPU than encoding the request. So the
+store hands the history over as the plain data it decoded (``StoredMessages``),
+the adapter turns that into the chat-completions shape directly (``wire``), and
+``ChatMessage`` objects are built only when something reads the messages as
+such — a hook that rewrites them, or a test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+from pydantic import TypeAdapter
+
+from contracts.messages import ChatMessage
+
+_CHAT: TypeAdapter[list[ChatMessage]] = TypeAdapter(list[ChatMessage])
+
+
+def to_wire(message: ChatMessage) -> dict[str, Any]:
+    """A message in the chat-completions request shape."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.role == "assistant" and message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def stored_to_wire(message: dict[str, Any]) -> dict[str, Any]:
+    """``to_wire`` for a message as stored (``ChatMessage`` dumped to plain data)."""
+    role = message["role"]
+    out: dict[str, Any] = {"role": role, "content": message.get("content")}
+    calls = message.get("tool_calls")
+    if role == "assistant" and calls:
+        out["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call.get("arguments", "{}")},
+            }
+            for call in calls
+        ]
+    if message.get("tool_call_id") is not None:
+        out["tool_call_id"] = message["tool_call_id"]
+    if message.get("name") is not None:
+        out["name"] = message["name"]
+    return out
+
+
+class _Lazy(Sequence[ChatMessage]):
+    """A message sequence that builds its ``ChatMessage`` objects on first read."""
+
+    _chat: list[ChatMessage] | None = None
+
+    def _messages(self) -> list[ChatMessage]:
+        raise NotImplementedError
+
+    def _all(self) -> list[ChatMessage]:
+        if self._chat is None:
+            self._chat = self._messages()
+        return self._chat
+
+    @overload
+    def __getitem__(self, index: int) -> ChatMessage: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ChatMessage]: ...
+    def __getitem__(self, index: int | slice) -> ChatMessage | Sequence[ChatMessage]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[ChatMessage]:
+        return iter(self._all())
+
+    def wire(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+
+class StoredMessages(_Lazy):
+    """Messages as the store decoded them (plain data of dumped ``ChatMessage`` objects)."""
+
+    def __init__(self, raw: list[dict[str, Any]]) -> None:
+        self.raw = raw
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def _messages(self) -> list[ChatMessage]:
+        return _CHAT.validate_python(self.raw)
+
+    def wire(self) -> list[dict[str, Any]]:
+        return [stored_to_wire(m) for m in self.raw]
+
+
+class Transcript(_Lazy):
+    """What the model is sent: an optional system prompt, then the conversation so far."""
+
+    def __init__(self, system: ChatMessage | None, history: Sequence[ChatMessage]) -> None:
+        self.system = system
+        self.history = history
+
+    def __len__(self) -> int:
+        return len(self.history) + (1 if self.system is not None else 0)
+
+    def _messages(self) -> list[ChatMessage]:
+        head = [self.system] if self.system is not None else []
+        return [*head, *self.history]
+
+    def wire(self) -> list[dict[str, Any]]:
+        head = [to_wire(self.system)] if self.system is not None else []
+        history = self.history
+        if isinstance(history, _Lazy):
+            return [*head, *history.wire()]
+        return [*head, *(to_wire(m) for m in history)]
+
+
+def wire_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Any message sequence in the chat-completions shape, without building what it need not."""
+    if isinstance(messages, _Lazy):
+        return messages.wire()
+    return [to_wire(m) for m in messages]

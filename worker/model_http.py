@@ -1,0 +1,115 @@
+"""The HTTP client under the ``openai`` client: its aiohttp transport, minus per-call layers
+loopwire does not use.
+
+The ``openai`` client keeps doing everything that matters per call — headers and
+auth, retries with backoff and ``Retry-After``, timeouts, typed errors. Below it,
+``httpx2.AsyncClient`` would merge client-level URL, headers, cookies and query
+parameters into every request and pass each through its auth and redirect
+machinery; loopwire's client has none of those set, so for a plain request with
+a body this client builds the request directly and hands it to the transport.
+The request carries the headers the ``openai`` client sets (and aiohttp's), not
+httpx's client defaults.
+Anything else (streaming, per-call auth, query parameters, cookies, a redirect
+to follow) takes the full ``httpx2`` path. Cookies are not kept between calls.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+import httpx2
+import openai
+from httpx2._client import USE_CLIENT_DEFAULT, UseClientDefault
+
+
+class ModelHttpClient(openai.DefaultAioHttpClient):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._bare = not str(self.base_url) and not self.params
+        """No client-level base URL or query: a request's own URL is the one to use."""
+
+    def build_request(
+        self,
+        method: str,
+        url: httpx2.URL | str,
+        *,
+        content: Any = None,
+        data: Any = None,
+        files: Any = None,
+        json: Any = None,
+        params: Any = None,
+        headers: Any = None,
+        cookies: Any = None,
+        timeout: Any = USE_CLIENT_DEFAULT,
+        extensions: Any = None,
+    ) -> httpx2.Request:
+        if (
+            data is None
+            and files is None
+            and json is None
+            and not params
+            and not cookies
+            and not extensions
+            and not self.cookies
+            and self._bare
+        ):
+            limits = (
+                self.timeout if isinstance(timeout, UseClientDefault) else httpx2.Timeout(timeout)
+            )
+            return httpx2.Request(
+                method,
+                url,
+                content=content,
+                headers=headers,
+                extensions={"timeout": limits.as_dict()},
+            )
+        return super().build_request(
+            method,
+            url,
+            content=content,
+            data=data,
+            files=files,
+            json=json,
+            params=params,
+            headers=headers,
+            cookies=cookies,
+            timeout=timeout,
+            extensions=extensions,
+        )
+
+    async def send(
+        self,
+        request: httpx2.Request,
+        *,
+        stream: bool = False,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
+    ) -> httpx2.Response:
+        if stream or not isinstance(auth, UseClientDefault) or self.auth is not None:
+            return await super().send(
+                request, stream=stream, auth=auth, follow_redirects=follow_redirects
+            )
+        start = time.perf_counter()
+        transport = self._transport_for_url(request.url)
+        response: httpx2.Response = await transport.handle_async_request(request)
+        try:
+            follow = (
+                self.follow_redirects
+                if isinstance(follow_redirects, UseClientDefault)
+                else follow_redirects
+            )
+            if follow and response.has_redirect_location:
+                # httpx follows it from here (its redirect rules, history, limit)
+                response.request = request
+                await response.aread()
+                following = self._build_redirect_request(request, response)
+                return await super().send(following, auth=auth, follow_redirects=True)
+            response.request = request
+            await response.aread()
+            response.elapsed = datetime.timedelta(seconds=time.perf_counter() - start)
+        except BaseException:
+            await response.aclose()
+            raise
+        return response
