@@ -10,6 +10,8 @@ the model server reports the time every step spent outside the model call.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -206,6 +208,10 @@ class Driver:
                 break
         await asyncio.sleep(1)
         rss = max(sum(w.rss() for w in target.workers) for _ in range(3))
+        if os.environ.get("LW_BENCH_TRACEMALLOC"):
+            for w in target.workers:
+                os.kill(w.pid, signal.SIGUSR1)
+            await asyncio.sleep(60)  # the snapshot takes a while
         waiting = (await self.model.stats())["waiting"]
         for task in list(self.tasks):
             await task

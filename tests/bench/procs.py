@@ -65,6 +65,9 @@ class Proc:
         args = self.args
         if profile_dir is not None:
             args = ["-m", "cProfile", "-o", str(profile_dir / f"{self.name}.prof"), *args]
+        elif os.environ.get("LW_BENCH_TRACEMALLOC") and args[:2] == ["-m", "worker"]:
+            out = str(Path(os.environ["LW_BENCH_TRACEMALLOC"]) / self.name)
+            args = ["-m", "tests.bench.traced", out, *args[1:]]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, *args], env=self.env, cwd=self.cwd, stdout=log, stderr=log
