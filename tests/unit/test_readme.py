@@ -53,7 +53,7 @@ def test_every_wire_name_is_documented(name: str) -> None:
     assert name in README
 
 
-@pytest.mark.parametrize("script", ["scripts/demo", "scripts/test", ".ci/run"])
+@pytest.mark.parametrize("script", ["scripts/demo", "scripts/test", "scripts/bench", ".ci/run"])
 def test_the_commands_exist_and_are_executable(script: str) -> None:
     path = ROOT / script
     assert path.is_file()
