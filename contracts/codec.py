@@ -81,6 +81,15 @@ def decode(data: bytes, model: type[M], *, max_bytes: int = MAX_MESSAGE_BYTES) -
     return validate(obj, model)
 
 
+def decode_stored(data: bytes) -> Any:
+    """Decode msgpack that loopwire wrote itself (state at rest), without the walk over every
+    container that guards messages from outside: what ``encode`` wrote is JSON-compatible."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_reject_ext)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise DecodeError(f"stored data is not valid msgpack: {_short(str(exc))}") from None
+
+
 def validate(obj: Any, model: type[M]) -> M:
     if not isinstance(obj, dict):
         raise DecodeError(

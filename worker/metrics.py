@@ -42,7 +42,7 @@ import platform
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from importlib.metadata import PackageNotFoundError, version
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.gc_collector import GCCollector
@@ -229,6 +229,16 @@ class WorkerMetrics(LoopObserver):
         for event_type in EVENT_TYPES:
             self.events.labels(event_type)
         self._store_ops = {op: self.store_duration.labels(op) for op in STORE_OPERATIONS}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, remembered: the label lookup is the costly part of an
+        observation, and the same few children are observed on every step."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     def _model(self, model: str | None) -> str:
         return model or self.default_model
@@ -236,47 +246,52 @@ class WorkerMetrics(LoopObserver):
     # -- LoopObserver ----------------------------------------------------------------------
 
     def turn_started(self, agent: str) -> None:
-        self.turns_started.labels(agent).inc()
+        self.child(self.turns_started, agent).inc()
 
     def turn_finished(self, result: TurnResult) -> None:
         reason = result.finish_reason
-        self.turns_finished.labels(result.agent, reason).inc()
-        self.turn_duration.labels(result.agent, reason).observe(result.duration_s)
-        self.turn_steps.labels(result.agent).observe(result.steps)
+        self.child(self.turns_finished, result.agent, reason).inc()
+        self.child(self.turn_duration, result.agent, reason).observe(result.duration_s)
+        self.child(self.turn_steps, result.agent).observe(result.steps)
 
     def step_completed(self, agent: str, duration_s: float) -> None:
-        self.step_duration.labels(agent).observe(max(0.0, duration_s))
+        self.child(self.step_duration, agent).observe(max(0.0, duration_s))
 
     def model_called(self, model: str | None, usage: Usage, duration_s: float) -> None:
         name = self._model(model)
-        self.model_duration.labels(OPERATION_CHAT, name, "").observe(max(0.0, duration_s))
-        self.model_tokens.labels(OPERATION_CHAT, name, "input").observe(usage.prompt_tokens)
-        self.model_tokens.labels(OPERATION_CHAT, name, "output").observe(usage.completion_tokens)
+        self.child(self.model_duration, OPERATION_CHAT, name, "").observe(max(0.0, duration_s))
+        self.child(self.model_tokens, OPERATION_CHAT, name, "input").observe(usage.prompt_tokens)
+        self.child(self.model_tokens, OPERATION_CHAT, name, "output").observe(
+            usage.completion_tokens
+        )
 
     def model_failed(self, model: str | None, error_type: str, duration_s: float) -> None:
         name = self._model(model)
-        self.model_duration.labels(OPERATION_CHAT, name, error_type).observe(max(0.0, duration_s))
-        self.model_errors.labels(name, error_type).inc()
+        self.child(self.model_duration, OPERATION_CHAT, name, error_type).observe(
+            max(0.0, duration_s)
+        )
+        self.child(self.model_errors, name, error_type).inc()
 
     def tool_executed(self, tool: str, outcome: ToolCallOutcome, duration_s: float) -> None:
-        self.tool_duration.labels(tool, outcome).observe(max(0.0, duration_s))
+        self.child(self.tool_duration, tool, outcome).observe(max(0.0, duration_s))
 
     def empty_streak_hints(self, agent: str, count: int) -> None:
-        self.hints.labels(agent).inc(count)
+        self.child(self.hints, agent).inc(count)
 
     def iteration_cap_hit(self, agent: str) -> None:
-        self.caps.labels(agent).inc()
+        self.child(self.caps, agent).inc()
 
     # -- transport ---------------------------------------------------------------------------
 
     def store_timer(self, operation: str) -> AbstractContextManager[object]:
         """Times one state-store operation: ``with metrics.store_timer("save"): ...``."""
-        child = self._store_ops.get(operation) or self.store_duration.labels(operation)
+        child = self._store_ops.get(operation) or self.child(self.store_duration, operation)
         return child.time()
 
     def tool_call_in_progress(self, tool: str) -> AbstractContextManager[object]:
         """Counts a tool RPC as in progress while the block runs."""
-        return self.tool_in_progress.labels(tool).track_inprogress()
+        gauge: Gauge = self.child(self.tool_in_progress, tool)
+        return gauge.track_inprogress()
 
 
 class CountingSink:
@@ -290,9 +305,9 @@ class CountingSink:
         try:
             await self.inner.emit(event)
         except Exception:
-            self.metrics.event_errors.labels(event.type).inc()
+            self.metrics.child(self.metrics.event_errors, event.type).inc()
             raise
-        self.metrics.events.labels(event.type).inc()
+        self.metrics.child(self.metrics.events, event.type).inc()
 
 
 def sample_names(registry: CollectorRegistry) -> Sequence[str]:

@@ -38,7 +38,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import keys
-from contracts.codec import decode, decode_obj, encode, validate
+from contracts.codec import decode, decode_stored, encode, validate
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
@@ -113,10 +113,6 @@ return {'queued', tostring(len - 1)}
 """
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
-MAX_STATE_BYTES: Final = 64 * 1024 * 1024
-"""At-rest state is ours, not a publisher's: it may outgrow the wire limit (a turn with many
-large tool results) and must still load, or its session would be stuck."""
-
 Timed = Callable[[str], AbstractContextManager[object]]
 """Wraps one store operation by name (``accept``, ``lease``, ``save`` …), e.g. to time it."""
 
@@ -208,7 +204,7 @@ class RedisStore:
             return None
         state = None
         if reply[2]:
-            data = decode_obj(_bytes(reply[2]), max_bytes=MAX_STATE_BYTES)
+            data = decode_stored(_bytes(reply[2]))
             if isinstance(data, dict) and reply[1] is not None:
                 data["version"] = int(reply[1])  # the version lives beside the blob
             state = validate(data, AgentState)
