@@ -25,6 +25,8 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
+from aio_pika.exceptions import AMQPError
+from aiormq.exceptions import ChannelInvalidStateError
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
@@ -67,7 +69,19 @@ class Consumer:
         self.poison_after = poison_after
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
-        """Handle one work message; every path ends in exactly one ack."""
+        """Handle one work message; every path ends in exactly one ack. With the broker
+        connection gone there is nothing to ack on: the broker delivers the message again."""
+        try:
+            await self._handle(message)
+        except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
+            log.warning(
+                "could not finish work message %s, the broker connection is down (%r): "
+                "it will be delivered again",
+                message.message_id,
+                exc,
+            )
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
         headers: dict[str, Any] = dict(message.headers or {})
         try:
             deliveries = int(headers.get("x-delivery-count", 0))
@@ -85,6 +99,8 @@ class Consumer:
         except (RetryableError, RedisError, ConnectionError) as exc:
             log.warning("retrying work after a transient failure: %s", exc)
             await self._retry(message, headers, attempt_failed=False, reason="transient")
+        except (AMQPError, ChannelInvalidStateError):
+            raise  # the broker connection went down mid-step: redelivered once it is back
         except Exception as exc:
             log.exception("step failed")
             attempt = int(headers.get(t.H_ATTEMPT, 0)) + 1

@@ -25,7 +25,8 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractQueue
-from aio_pika.exceptions import DeliveryError, PublishError
+from aio_pika.exceptions import AMQPError, DeliveryError, PublishError
+from aiormq.exceptions import ChannelInvalidStateError
 
 from contracts.codec import DecodeError, decode, encode
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
@@ -102,6 +103,10 @@ class ToolRPC:
                     raise ToolUnavailableError(
                         f"tool unavailable: the broker refused the call ({exc})"
                     ) from exc
+                except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
+                    # the call never left (channel or connection down): not the tool's failure;
+                    # the step is redone once the connection is back
+                    raise RetryableError(f"could not send the tool call: {exc!r}") from exc
                 failpoints.hit("tool_dispatched")
                 return await future
         finally:
