@@ -1,6 +1,6 @@
 """The agent loop: pure logic over small interfaces (model, tools, store, events, hooks)."""
 
-from worker.loop.engine import Finished, Loop, RunAgain, StepOutcome, new_execution
+from worker.loop.engine import Finished, Loop, RunAgain, StepOutcome
 from worker.loop.hooks import Blocked, Hook, HookContext, Hooks, ToolInvocation
 from worker.loop.interfaces import (
     EventSink,
@@ -10,6 +10,7 @@ from worker.loop.interfaces import (
     ToolCaller,
     ToolCatalog,
 )
+from worker.loop.records import new_execution
 
 __all__ = [
     "Blocked",

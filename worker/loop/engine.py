@@ -27,7 +27,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from contracts.events import (
     EventData,
@@ -42,12 +41,8 @@ from contracts.messages import ChatMessage, Usage
 from contracts.state import (
     AgentState,
     AgentStep,
-    ExecutionState,
-    ModelResponse,
     PendingStep,
-    SessionContext,
     StepExecution,
-    StopSignal,
     ToolExecution,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
@@ -63,6 +58,14 @@ from worker.loop.interfaces import (
     ToolCaller,
     ToolCatalog,
     observe,
+)
+from worker.loop.records import (
+    closed,
+    new_execution,
+    turn_of,
+    turn_result,
+    unique_call_ids,
+    with_execution,
 )
 from worker.loop.tools import ToolRunner
 from worker.loop.transcript import Transcript
@@ -87,30 +90,6 @@ class Finished:
 
 
 StepOutcome = RunAgain | Finished
-
-
-def new_execution(
-    state: AgentState | None, request: TurnRequest, profile: AgentProfile, now: float
-) -> AgentState:
-    """The session with a fresh turn attached (creating the session when it is new)."""
-    if state is None:
-        state = AgentState(
-            session_id=request.session_id,
-            parent_session_id=request.parent_session_id,
-            agent=request.agent,
-            context=SessionContext(system_prompt=profile.system_prompt),
-            created_at=now,
-            updated_at=now,
-        )
-    execution = ExecutionState(
-        turn_id=request.turn_id,
-        request=request,
-        limits=request.limits.apply(profile.limits),
-        history_start=state.history_len,
-        started_at=now,
-        updated_at=now,
-    )
-    return state.model_copy(update={"execution": execution, "updated_at": now})
 
 
 class Loop:
@@ -141,10 +120,10 @@ class Loop:
 
     async def step(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
         """Advance the turn attached to ``state`` by one step."""
-        ex = _execution(state)
+        ex = turn_of(state)
         if ex.status == "pending":
             state = await self._start(state, profile)
-            ex = _execution(state)
+            ex = turn_of(state)
             if ex.stop_signal is not None:
                 return await self._finish(state, profile, "stop", ex.last_content)
         deadline = ex.request.deadline
@@ -172,7 +151,7 @@ class Loop:
     # -- phases ---------------------------------------------------------------
 
     async def _start(self, state: AgentState, profile: AgentProfile) -> AgentState:
-        ex = _execution(state)
+        ex = turn_of(state)
         ctx = HookContext(state=state, profile=profile, step=0)
         await self.hooks.before_execution(ctx)
         inputs = [message.to_chat() for message in ex.request.input]
@@ -192,12 +171,12 @@ class Loop:
         return state
 
     async def _call_model(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
-        ex = _execution(state)
+        ex = turn_of(state)
         index = len(ex.steps)
         ctx = HookContext(state=state, profile=profile, step=index)
         await self.hooks.before_step(ctx)
         if ctx.stop_signal is not None:
-            stopped = _with_execution(state, stop_signal=ctx.stop_signal)
+            stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self._finish(stopped, profile, "stop", ex.last_content)
         started = self.clock()
         messages: Sequence[ChatMessage] = await self._compile(state, profile)
@@ -236,7 +215,7 @@ class Loop:
             response=response,
             offered=tuple(d.name for d in offered),
         )
-        state = _with_execution(
+        state = with_execution(
             state,
             pending=pending,
             usage=ex.usage + response.usage,
@@ -250,7 +229,7 @@ class Loop:
     ) -> StepOutcome:
         """Judge the results and record the step; ``unsaved`` are results that this step's save
         stores (announced once it did)."""
-        ex = _execution(state)
+        ex = turn_of(state)
         pending = ex.pending
         assert pending is not None and pending.response is not None
         response = pending.response
@@ -277,7 +256,7 @@ class Loop:
         now = self.clock()
         record = StepExecution(step=step, started_at=pending.started_at, completed_at=now)
         stop = ex.stop_signal or ctx.stop_signal
-        state = _with_execution(
+        state = with_execution(
             state, steps=(*ex.steps, record), pending=None, empty_streak=streak, stop_signal=stop
         )
         agent = ex.request.agent
@@ -331,34 +310,14 @@ class Loop:
         step: StepExecution | None = None,
         invoked: Sequence[ToolExecution] = (),
     ) -> Finished:
-        ex = _execution(state)
+        ex = turn_of(state)
         now = self.clock()
-        stop: StopSignal | None = ex.stop_signal if reason == "stop" else None
-        result = TurnResult(
-            turn_id=ex.turn_id,
-            session_id=state.session_id,
-            agent=ex.request.agent,
-            content=content,
-            finish_reason=reason,
-            error=error,
-            stopped_by=stop.source if stop else None,
-            usage=ex.usage,
-            steps=len(ex.steps),
-            duration_s=max(0.0, now - ex.started_at),
-            completed_at=now,
-        )
+        result = turn_result(state, reason, content, error, now)
         await self.hooks.after_execution(
             HookContext(state=state, profile=profile, step=len(ex.steps)), result
         )
         persist = ex.request.persist
-        final = state.model_copy(
-            update={
-                "execution": None,
-                "execution_count": state.execution_count + 1,
-                "history_len": state.history_len + (len(append) if persist else 0),
-                "updated_at": now,
-            }
-        )
+        final = closed(state, appended=len(append) if persist else 0, now=now)
         saved = await self.store.save(final, append=append if persist else (), result=result)
         observe(self.observer.turn_finished, result)
         if step is not None:
@@ -380,7 +339,7 @@ class Loop:
     ) -> AgentState:
         """Save mid-turn, counting appended messages into the turn and (when persisted) the
         session; ``release`` on the step's last write."""
-        ex = _execution(state)
+        ex = turn_of(state)
         if append:
             ex = ex.model_copy(update={"message_count": ex.message_count + len(append)})
             grow = len(append) if ex.request.persist else 0
@@ -437,35 +396,3 @@ class Loop:
             await self.events.emit(event)
         except Exception:
             log.exception("could not publish %s for turn %s", event_type, turn_id)
-
-
-def _execution(state: AgentState) -> ExecutionState:
-    if state.execution is None:
-        raise ValueError(f"session {state.session_id} has no turn in progress")
-    return state.execution
-
-
-def _with_execution(state: AgentState, **changes: Any) -> AgentState:
-    ex = _execution(state).model_copy(update=changes)
-    return state.model_copy(update={"execution": ex})
-
-
-def unique_call_ids(response: ModelResponse, ex: ExecutionState, step: int) -> ModelResponse:
-    """Tool call ids unique within the turn. The id is part of the call's idempotency key, so a
-    server that reuses ids (``call_0`` in every step) would otherwise get an earlier call's
-    stored reply; a reused or repeated id is suffixed with the step and position."""
-    calls = response.message.tool_calls
-    if not calls:
-        return response
-    seen = {e.call_id for record in ex.steps for e in record.step.tool_executions}
-    fixed = []
-    for position, call in enumerate(calls):
-        call_id = call.id
-        if call_id in seen:
-            call_id = f"{call.id[:200]}-{step}-{position}"
-        seen.add(call_id)
-        fixed.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
-    if fixed == list(calls):
-        return response
-    message = response.message.model_copy(update={"tool_calls": tuple(fixed)})
-    return response.model_copy(update={"message": message})

@@ -38,6 +38,7 @@ from worker.loop.interfaces import (
     ToolUnavailableError,
     observe,
 )
+from worker.loop.records import turn_of
 from worker.profiles import AgentProfile
 
 log = logging.getLogger("loopwire.tools")
@@ -104,7 +105,7 @@ class ToolRunner:
         completes the step is not saved here but returned in ``unsaved``: the step's own save,
         which follows at once, stores it (one write fewer per step), and whoever makes that save
         announces it (``tool.invoked``) after it."""
-        ex = _execution(state)
+        ex = turn_of(state)
         pending = ex.pending
         assert pending is not None and pending.response is not None
         todo = [c for c in pending.response.message.tool_calls if pending.result_for(c.id) is None]
@@ -155,7 +156,7 @@ class ToolRunner:
         """The call's execution, the state updates it returned, and how it failed when it got
         no reply (``timeout``, ``unavailable``, ``error``); None when it was answered."""
         started = self.clock()
-        ex = _execution(ctx.state)
+        ex = turn_of(ctx.state)
         await self.emit(
             "tool.invoking",
             ToolInvoking(tool=call.name, call_id=call.id),
@@ -225,7 +226,7 @@ class ToolRunner:
     async def _call(
         self, ctx: HookContext, call: ToolInvocation, definition: ToolDefinition, started: float
     ) -> ToolCallReply | _Failed:
-        ex = _execution(ctx.state)
+        ex = turn_of(ctx.state)
         timeout = min(definition.timeout_s, ex.limits.tool_timeout_s)
         request = ToolCallRequest(
             call_id=call.call_id,
@@ -300,12 +301,6 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-def _execution(state: AgentState) -> ExecutionState:
-    if state.execution is None:
-        raise ValueError(f"session {state.session_id} has no turn in progress")
-    return state.execution
-
-
 def _record(
     state: AgentState,
     execution: ToolExecution,
@@ -313,7 +308,7 @@ def _record(
     ctx: HookContext,
     now: float,
 ) -> AgentState:
-    ex = _execution(state)
+    ex = turn_of(state)
     pending = ex.pending
     assert pending is not None
     pending = pending.model_copy(update={"results": (*pending.results, execution)})
