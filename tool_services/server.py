@@ -53,13 +53,14 @@ from pydantic import ValidationError
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from contracts.codec import DecodeError, decode
-from contracts.tools import ToolCallReply, ToolCallRequest, idempotency_key
+from contracts.tools import ToolCallRequest, idempotency_key
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
-from tool_services.calls import CallStore, Claim, ClaimKind
-from tool_services.execute import encode_reply, error_reply, execute_tool
+from tool_services.calls import CallStore, ClaimKind
+from tool_services.execute import encode_reply, error_reply
 from tool_services.metrics import ToolServiceMetrics
+from tool_services.owned import OwnedCall, answer_orphan, readdressed
 from tool_services.registry import Announcer
-from tool_services.sdk import CallContext, Tool, ToolService
+from tool_services.sdk import Tool, ToolService
 from tool_services.settings import Settings
 
 log = logging.getLogger("loopwire.tool_services")
@@ -316,17 +317,24 @@ class ToolServer:
                         return Verdict.DROP
                     claim = await calls.claim(key, idempotent=tool.idempotent)
                     if claim.owns:
-                        return await self._run_owned(request, tool, claim)
+                        assert self._redis is not None
+                        return await OwnedCall(
+                            request, tool, claim, calls=calls, redis=self._redis
+                        ).run(
+                            metrics=self.metrics,
+                            clock=self.clock,
+                            lease_refresh_s=self.config.lease_refresh_s,
+                        )
                 finally:
                     self._slots.release()
                 if claim.kind is ClaimKind.DONE:
                     assert claim.reply is not None
                     log.info("call %s (%s) answered from its stored reply", request.call_id, key)
                     self.metrics.skipped(tool.name, "replayed")
-                    return _readdressed(claim.reply, request.call_id)
+                    return readdressed(claim.reply, request.call_id)
                 if claim.kind is ClaimKind.ORPHANED:
                     self.metrics.skipped(tool.name, "orphaned")
-                    return await self._answer_orphan(request, tool, claim)
+                    return await answer_orphan(request, tool, claim, calls)
                 await asyncio.sleep(self.config.duplicate_poll_s)
         except Exception as exc:  # Redis unreachable: answer instead of losing the call
             log.exception("cannot check call %s against its stored reply", request.call_id)
@@ -352,88 +360,6 @@ class ToolServer:
             return False
         return True
 
-    async def _answer_orphan(self, request: ToolCallRequest, tool: Tool, claim: Claim) -> bytes:
-        calls = self._calls
-        assert calls is not None
-        log.warning(
-            "call %s of non-idempotent %s was interrupted (owner %s died): replying unknown",
-            request.call_id,
-            tool.name,
-            claim.owner,
-        )
-        reply = encode_reply(
-            error_reply(
-                request.call_id,
-                f"the tool {tool.name!r} was interrupted while running; it may or may not have "
-                "taken effect, and it is not idempotent, so it was not run again",
-                status="unknown",
-            )
-        )
-        earlier = await calls.store(claim.key, reply, "unknown")
-        return _readdressed(earlier, request.call_id) if earlier is not None else reply
-
-    async def _run_owned(self, request: ToolCallRequest, tool: Tool, claim: Claim) -> bytes:
-        calls = self._calls
-        assert calls is not None and self._redis is not None
-        if claim.kind is ClaimKind.TAKEOVER:
-            log.warning(
-                "call %s of %s: owner %s died, running it again",
-                request.call_id,
-                tool.name,
-                claim.owner,
-            )
-        ctx = CallContext(
-            call_id=request.call_id,
-            tool=tool.name,
-            session_id=request.context.session_id,
-            turn_id=request.context.turn_id,
-            agent=request.context.agent,
-            metadata=request.context.metadata,
-            deadline=request.context.deadline,
-            idempotency_key=claim.key,
-            redis=self._redis,
-            takeover=claim.kind is ClaimKind.TAKEOVER,
-        )
-        keeper = asyncio.create_task(self._keep_lease(claim), name=f"lease:{claim.key}")
-        started = time.monotonic()
-        try:
-            with self.metrics.in_progress.labels(tool.name).track_inprogress():
-                reply, outcome = await execute_tool(tool, request, ctx, clock=self.clock)
-        except asyncio.CancelledError:
-            keeper.cancel()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(calls.release(claim, forget_owner=tool.idempotent))
-            raise
-        finally:
-            keeper.cancel()
-        elapsed = time.monotonic() - started
-        self.metrics.ran(tool.name, outcome, elapsed)
-        log.info("call %s of %s: %s in %.3fs", request.call_id, tool.name, reply.status, elapsed)
-        body = encode_reply(reply)
-        try:
-            earlier = await calls.store(claim.key, body, reply.status, token=claim.token)
-        except Exception:
-            log.exception(
-                "could not store the reply of call %s; sending it anyway", request.call_id
-            )
-            return body
-        if earlier is not None:
-            log.warning("call %s already had a stored reply; sending that one", request.call_id)
-            return _readdressed(earlier, request.call_id)
-        return body
-
-    async def _keep_lease(self, claim: Claim) -> None:
-        calls = self._calls
-        assert calls is not None
-        while True:
-            await asyncio.sleep(self.config.lease_refresh_s)
-            try:
-                if not await calls.refresh(claim):
-                    log.warning("lost the lease of call %s to another instance", claim.key)
-                    return
-            except Exception as exc:
-                log.warning("could not renew the lease of call %s: %s", claim.key, exc)
-
     async def _publish_reply(self, message: AbstractIncomingMessage, body: bytes) -> None:
         if not message.reply_to:
             log.warning("call %s has no reply_to; reply stored only", message.correlation_id)
@@ -453,17 +379,6 @@ class ToolServer:
             delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
         )
         await channel.default_exchange.publish(reply, routing_key=message.reply_to, mandatory=False)
-
-
-def _readdressed(stored: bytes, call_id: str) -> bytes:
-    """A stored reply, addressed to this request's call id (a new worker may use another)."""
-    try:
-        reply = decode(stored, ToolCallReply)
-    except DecodeError as exc:
-        return encode_reply(error_reply(call_id, f"the stored reply is unreadable: {exc.reason}"))
-    if reply.call_id == call_id:
-        return stored
-    return encode_reply(reply.model_copy(update={"call_id": call_id}))
 
 
 def _undecodable_reply(message: AbstractIncomingMessage, exc: DecodeError) -> bytes | Verdict:
