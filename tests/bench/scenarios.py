@@ -3,7 +3,9 @@ same load and reports medians and the loopwire / floor ratio of the medians."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,26 @@ class Context:
             target.profile_dir = self.profile_dir
         return floor, loopwire
 
+    @contextlib.asynccontextmanager
+    async def running(
+        self,
+        *,
+        prefetch: int,
+        extra_env: dict[str, str] | None = None,
+        helpers_only: bool = False,
+    ) -> AsyncIterator[tuple[FloorTarget, LoopwireTarget]]:
+        """Both targets started (a worker each, or only their tool services), and stopped
+        afterwards with the model answering at once again."""
+        floor, loopwire = self.targets(prefetch=prefetch, extra_env=extra_env)
+        try:
+            for target in (floor, loopwire):
+                await (target.start_helpers() if helpers_only else target.start(1))
+            yield floor, loopwire
+        finally:
+            await self.model.configure(delay=0)
+            floor.stop()
+            loopwire.stop()
+
 
 def _order(round_no: int, floor: Target, loopwire: Target) -> tuple[Target, Target]:
     return (floor, loopwire) if round_no % 2 == 0 else (loopwire, floor)
@@ -142,12 +164,9 @@ async def adapter(ctx: Context) -> dict[str, Any]:
 async def rpc(ctx: Context) -> dict[str, Any]:
     """One tool call round trip: loopwire's ToolRPC + SDK service vs raw aio-pika RPC."""
     plan = ctx.plan
-    floor, loopwire = ctx.targets(prefetch=plan.prefetch)
-    await floor.start_helpers()
-    await loopwire.start_helpers()
     out: dict[str, Any] = {}
     rows: list[tuple[Any, ...]] = []
-    try:
+    async with ctx.running(prefetch=plan.prefetch, helpers_only=True) as (floor, loopwire):
         for concurrency in plan.rpc_concurrency:
             rounds = [
                 await micro.rpc_round(
@@ -191,9 +210,6 @@ async def rpc(ctx: Context) -> dict[str, Any]:
                 )
             )
             out[f"concurrency_{concurrency}"] = {"rounds": rounds, "median": summary}
-    finally:
-        floor.stop()
-        loopwire.stop()
     ctx.tables.append(
         table(
             "Tool RPC round trip (median of rounds)",
@@ -230,12 +246,9 @@ async def step_cost(ctx: Context) -> dict[str, Any]:
     """Worker CPU per step at each session count, floor and loopwire alternated."""
     plan = ctx.plan
     await ctx.model.configure(delay=0)
-    floor, loopwire = ctx.targets(prefetch=plan.prefetch)
-    await floor.start(1)
-    await loopwire.start(1)
     out: dict[str, Any] = {}
     rows = []
-    try:
+    async with ctx.running(prefetch=plan.prefetch) as (floor, loopwire):
         for sessions in plan.step_sessions:
             windows: dict[str, list[Window]] = {"floor": [], "loopwire": []}
             for r in range(plan.rounds):
@@ -265,9 +278,6 @@ async def step_cost(ctx: Context) -> dict[str, Any]:
                         s["outside_model_p99_ms"],
                     )
                 )
-    finally:
-        floor.stop()
-        loopwire.stop()
     ctx.tables.append(
         table(
             f"Worker CPU per step ({plan.steps} steps/turn, 40-message history, 1 tool call/step;"
@@ -286,12 +296,6 @@ async def concurrency(ctx: Context) -> dict[str, Any]:
     once; RSS over the warmed-up idle worker, per turn waiting."""
     plan = ctx.plan
     sessions = plan.conc_sessions
-    floor, loopwire = ctx.targets(
-        prefetch=sessions + 500,
-        extra_env={"LOOPWIRE_MODEL__MAX_CONNECTIONS": str(2 * sessions)},
-    )
-    await floor.start(1)
-    await loopwire.start(1)
     windows: dict[str, list[Window]] = {"floor": [], "loopwire": []}
     memory: dict[str, list[dict[str, float]]] = {"floor": [], "loopwire": []}
     baseline: dict[str, int] = {}
@@ -303,7 +307,8 @@ async def concurrency(ctx: Context) -> dict[str, Any]:
         await ctx.driver.measure(target, sessions=8, warmup_s=0.5, window_s=0.1)
         baseline[target.name] = sum(w.rss() for w in target.workers)
 
-    try:
+    extra_env = {"LOOPWIRE_MODEL__MAX_CONNECTIONS": str(2 * sessions)}
+    async with ctx.running(prefetch=sessions + 500, extra_env=extra_env) as (floor, loopwire):
         await ctx.model.configure(delay=0)
         for first in _order(0, floor, loopwire):  # warm up (imports, pools) before the baseline
             await ctx.driver.measure(first, sessions=8, warmup_s=0.5, window_s=0.1)
@@ -336,10 +341,6 @@ async def concurrency(ctx: Context) -> dict[str, Any]:
                 await ctx.model.configure(delay=0)
                 await restart(target)
                 await ctx.model.configure(delay=plan.hold_delay_s)
-    finally:
-        await ctx.model.configure(delay=0)
-        floor.stop()
-        loopwire.stop()
     summary = _summarize(windows)
     rows = []
     for name in ("floor", "loopwire"):
@@ -381,12 +382,9 @@ async def scaling(ctx: Context) -> dict[str, Any]:
     plan = ctx.plan
     sessions = plan.scale_sessions
     await ctx.model.configure(delay=0)
-    floor, loopwire = ctx.targets(prefetch=plan.prefetch)
-    await floor.start(1)
-    await loopwire.start(1)
     out: dict[str, Any] = {}
     rows = []
-    try:
+    async with ctx.running(prefetch=plan.prefetch) as (floor, loopwire):
         results: dict[str, dict[int, list[Window]]] = {
             "floor": {1: [], 2: []},
             "loopwire": {1: [], 2: []},
@@ -420,9 +418,6 @@ async def scaling(ctx: Context) -> dict[str, Any]:
                 "rounds": {str(k): [w.as_dict() for w in v] for k, v in by_count.items()},
             }
             rows.append((name, one, two, ratio(two, one)))
-    finally:
-        floor.stop()
-        loopwire.stop()
     ctx.tables.append(
         table(
             f"Scaling: one worker vs two, {sessions} sessions (2 vCPU shared with broker, Redis, "
