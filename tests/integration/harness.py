@@ -131,6 +131,14 @@ class WorkerProcess:
     def close(self) -> None:
         self.kill()
 
+    async def __aenter__(self) -> WorkerProcess:
+        """``async with WorkerProcess(...) as worker``: started, and killed at the end."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.close()
+
 
 def write_agents(path: Path, tools: list[str], **limits: Any) -> Path:
     agents = {

@@ -45,12 +45,8 @@ async def test_turn_with_tool_steps_end_to_end(
     scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refunds"})))
     scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "invoices"})))
     scripted_model.expect(Reply.text("Refunds take 5 days."))
-    worker = start_worker(tmp_path, scripted_model, [lookup.name])
-    await worker.start()
-    try:
+    async with start_worker(tmp_path, scripted_model, [lookup.name]) as worker:
         result = await client.run_turn("support", "How long do refunds take?", timeout=30)
-    finally:
-        worker.close()
     assert worker.errors() == []
     assert result.finish_reason == "stop"
     assert result.content == "Refunds take 5 days."
@@ -86,16 +82,12 @@ async def test_duplicate_turn_request_runs_once(
     tmp_path: Path,
 ) -> None:
     scripted_model.expect(Reply.text("only once"))
-    worker = start_worker(tmp_path, scripted_model, [lookup.name])
-    await worker.start()
-    try:
+    async with start_worker(tmp_path, scripted_model, [lookup.name]):
         handle = await client.start_turn("support", "hello")
         first = await handle.result(30)
         await client.publish(handle.request)  # the same request, same turn id, same reply_to
         again = await asyncio.wait_for(_next_result(handle), 15)
         await handle.close()
-    finally:
-        worker.close()
     assert first.content == again.content == "only once"
     assert again.turn_id == first.turn_id
     assert len(scripted_model.requests) == 1
@@ -145,9 +137,7 @@ async def test_bad_input_is_dead_lettered_with_a_reason(
     code: str,
 ) -> None:
     scripted_model.expect(Reply.text("still serving"))
-    worker = start_worker(tmp_path, scripted_model, [lookup.name])
-    await worker.start()
-    try:
+    async with start_worker(tmp_path, scripted_model, [lookup.name]):
         await client.channel.default_exchange.publish(
             aio_pika.Message(body, headers={t.H_KIND: t.KIND_START}), routing_key=t.TURNS_QUEUE
         )
@@ -165,8 +155,6 @@ async def test_bad_input_is_dead_lettered_with_a_reason(
         assert str(headers[t.H_REASON])
         result = await client.run_turn("support", "are you alive?", timeout=20)
         assert result.content == "still serving"
-    finally:
-        worker.close()
 
 
 async def test_unknown_agent_is_rejected_with_event(
@@ -177,9 +165,7 @@ async def test_unknown_agent_is_rejected_with_event(
     client: LoopwireClient,
     tmp_path: Path,
 ) -> None:
-    worker = start_worker(tmp_path, scripted_model, [lookup.name])
-    await worker.start()
-    try:
+    async with start_worker(tmp_path, scripted_model, [lookup.name]):
         turn_id = new_id()
         await client.publish(
             TurnRequest(
@@ -192,8 +178,6 @@ async def test_unknown_agent_is_rejected_with_event(
         await events.wait_for(
             lambda evs: any(e.type == "turn.rejected" and e.turn_id == turn_id for e in evs)
         )
-    finally:
-        worker.close()
     rejected = next(e for e in events.events if e.turn_id == turn_id)
     assert rejected.data.code == "unknown_agent"  # type: ignore[union-attr]
     assert "nobody" in rejected.data.reason  # type: ignore[union-attr]
@@ -277,15 +261,11 @@ async def test_events_carry_cloudevents_headers_and_routing_keys(
 ) -> None:
     scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "a"})))
     scripted_model.expect(Reply.text("done"))
-    worker = start_worker(tmp_path, scripted_model, [lookup.name])
-    await worker.start()
-    try:
+    async with start_worker(tmp_path, scripted_model, [lookup.name]):
         result = await client.run_turn("support", "hi", timeout=30)
         await events.wait_for(
             lambda evs: any(e.type == "turn.completed" and e.turn_id == result.turn_id for e in evs)
         )
-    finally:
-        worker.close()
     mine = [i for i, e in enumerate(events.events) if e.turn_id == result.turn_id]
     assert mine
     for i in mine:
@@ -308,9 +288,7 @@ async def test_redelivered_last_step_repeats_the_reply_and_event(
     tmp_path: Path,
 ) -> None:
     scripted_model.expect(Reply.text("the answer"))
-    worker = start_worker(tmp_path, scripted_model, [lookup.name])
-    await worker.start()
-    try:
+    async with start_worker(tmp_path, scripted_model, [lookup.name]):
         handle = await client.start_turn("support", "hi")
         first = await handle.result(30)
         # the last step's message again, as after a crash between the final save and the ack
@@ -326,8 +304,6 @@ async def test_redelivered_last_step_repeats_the_reply_and_event(
                 sum(e.type == "turn.completed" and e.turn_id == first.turn_id for e in evs) == 2
             )
         )
-    finally:
-        worker.close()
     assert again == first  # the stored result, not a second run
     completed = [
         e for e in events.events if e.type == "turn.completed" and e.turn_id == first.turn_id
