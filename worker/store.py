@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
-from pydantic import TypeAdapter
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -239,7 +238,7 @@ class RedisStore:
 
     async def history(self, session_id: str) -> list[ChatMessage]:
         items = await self.redis.lrange(keys.session_history(session_id), 0, -1)
-        return _messages(items)
+        return list(StoredMessages(_unpack(items)))
 
     def handle(self, lease: Lease) -> SessionHandle:
         return SessionHandle(self, lease)
@@ -288,6 +287,7 @@ class SessionHandle:
     ) -> AgentState:
         sid = state.session_id
         ex = state.execution
+        release = release or result is not None
         turn_id = result.turn_id if result else (ex.turn_id if ex else "")
         transient = ex is not None and not ex.request.persist
         target = keys.turn_transient(sid, turn_id) if transient else keys.session_history(sid)
@@ -297,7 +297,7 @@ class SessionHandle:
             self.lease.token,
             state.version,
             encode(stored),
-            "1" if result is not None or release else "0",
+            "1" if release else "0",
             self.store.ttl_s,
             encode(result) if result is not None else "",
             turn_id,
@@ -323,7 +323,7 @@ class SessionHandle:
             if "STALE" in str(exc):
                 raise StaleStateError(f"session {sid}: {exc}") from None
             raise
-        self.released = result is not None or release
+        self.released = release
         _failpoint_after_save(state, append)
         if self._history is not None and not transient:
             self._history.extend(appended)
@@ -343,14 +343,6 @@ def _failpoint_after_save(state: AgentState, append: Sequence[ChatMessage]) -> N
         not append and ex is not None and ex.pending is not None and ex.pending.results
     ):
         failpoints.hit("tool_result_saved")
-
-
-_MESSAGES: Final = TypeAdapter(list[ChatMessage])
-
-
-def _messages(blobs: Sequence[bytes | str]) -> list[ChatMessage]:
-    """Decode stored messages, validated in one batch (cheaper than one model at a time)."""
-    return _MESSAGES.validate_python([msgpack.unpackb(_bytes(b), raw=False) for b in blobs])
 
 
 def _unpack(chunks: Sequence[bytes | str]) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from worker import failpoints
 from worker.errors import PermanentError
 from worker.loop import EventSink, Finished, Loop, new_execution
 from worker.profiles import AgentProfile, AgentProfiles
-from worker.store import Lease, RedisStore, SessionHandle
+from worker.store import RedisStore, SessionHandle
 
 log = logging.getLogger("loopwire.turns")
 
@@ -130,7 +130,7 @@ class TurnWork:
         if lease is None:
             return [Busy()]
         handle = self.store.handle(lease)
-        renewer = _Renewer(self.store, lease, handle)
+        renewer = _Renewer(self.store, handle)
         try:
             return await self._step(handle, work)
         finally:
@@ -184,7 +184,7 @@ class TurnWork:
         lease = await self.store.lease(work.session_id)
         if lease is None:
             return [Busy()]
-        finished = False
+        handle = self.store.handle(lease)
         try:
             state = lease.state
             ex = state.execution if state else None
@@ -216,14 +216,12 @@ class TurnWork:
                     "updated_at": now,
                 }
             )
-            handle = self.store.handle(lease)
             await handle.save(final, result=result)
-            finished = True
             await self._emit_finished(result)
             reply = await self.deliver(result) if request.reply_to else result
             return self._finish_actions(reply, request, handle.next_turn)
         finally:
-            if not finished:
+            if not handle.released:
                 await self.store.release(lease)
 
     async def _emit_finished(self, result: TurnResult) -> None:
@@ -285,9 +283,8 @@ class _Renewer:
     task unless it fires; most steps end before). A renewal that fails (Redis briefly away) is
     tried again at the next tick; if the lease is lost, the step's next save fails."""
 
-    def __init__(self, store: RedisStore, lease: Lease, handle: SessionHandle) -> None:
+    def __init__(self, store: RedisStore, handle: SessionHandle) -> None:
         self.store = store
-        self.lease = lease
         self.handle = handle
         self.interval = store.lease_ms / 3000
         self.loop = asyncio.get_running_loop()
@@ -300,7 +297,7 @@ class _Renewer:
             self.task = self.loop.create_task(self._renew())
 
     async def _renew(self) -> None:
-        lease = self.lease
+        lease = self.handle.lease
         try:
             renewed = await self.store.renew(lease)
         except Exception as exc:

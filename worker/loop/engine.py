@@ -289,9 +289,7 @@ class Loop:
         else:
             # the step's last write: it also lets go of what the store holds for the step
             state = await self._save(state, append=tool_messages, release=True)
-            for execution in unsaved:
-                await self.tools.emit_invoked(state, pending.index, execution)
-            await self._emit_step(state, record)
+            await self._emit_step(state, record, invoked=unsaved)
             outcome = RunAgain(state)
         if hints:
             observe(self.observer.empty_streak_hints, agent, hints)
@@ -321,9 +319,7 @@ class Loop:
         saved = await self.store.save(final, append=append if persist else (), result=result)
         observe(self.observer.turn_finished, result)
         if step is not None:
-            for execution in invoked:
-                await self.tools.emit_invoked(state, step.step.index, execution)
-            await self._emit_step(state, step)
+            await self._emit_step(state, step, invoked=invoked)
         await self._emit(finish_event_type(reason), TurnFinished(result=result), state)
         return Finished(saved, result)
 
@@ -351,8 +347,13 @@ class Loop:
             state.model_copy(update={"execution": ex}), append=append, release=release
         )
 
-    async def _emit_step(self, state: AgentState, record: StepExecution) -> None:
+    async def _emit_step(
+        self, state: AgentState, record: StepExecution, *, invoked: Sequence[ToolExecution] = ()
+    ) -> None:
+        """``tool.invoked`` for results the step's save stored, then ``step.completed``."""
         step = record.step
+        for execution in invoked:
+            await self.tools.emit_invoked(state, step.index, execution)
         response = step.response
         await self._emit(
             "step.completed",
