@@ -52,6 +52,7 @@ class Proc:
         self.args = args
         self.cwd = cwd
         self.env = {**os.environ, **(env or {})}
+        self.traced = bool(os.environ.get("LW_BENCH_TRACEMALLOC")) and args[:2] == ["-m", "worker"]
         self.log_path = Path(tempfile.mkstemp(prefix=f"lw-bench-{name}-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -65,7 +66,7 @@ class Proc:
         args = self.args
         if profile_dir is not None:
             args = ["-m", "cProfile", "-o", str(profile_dir / f"{self.name}.prof"), *args]
-        elif os.environ.get("LW_BENCH_TRACEMALLOC") and args[:2] == ["-m", "worker"]:
+        elif self.traced:
             out = str(Path(os.environ["LW_BENCH_TRACEMALLOC"]) / self.name)
             args = ["-m", "tests.bench.traced", out, *args[1:]]
         with self.log_path.open("ab") as log:
@@ -89,6 +90,8 @@ class Proc:
         return rss_bytes(self.pid)
 
     async def wait_ready(self, check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
+        if self.traced:
+            timeout *= 6  # every allocation is recorded: imports alone take many times longer
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
