@@ -124,7 +124,10 @@ class Worker:
             rpc = ToolRPC(rpc_channel, in_progress=self.metrics.tool_call_in_progress)
             await rpc.start()
             model = OpenAIModel(
-                client, model=s.model.model, bad_response_retries=s.model.bad_response_retries
+                client,
+                model=s.model.model,
+                bad_response_retries=s.model.bad_response_retries,
+                drop_sent_body=True,  # openai_client's HTTP client is a ModelHttpClient
             )
             catalog = RegistryCatalog(redis, cache_s=s.tools_cache_s)
             store = RedisStore(

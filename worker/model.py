@@ -15,6 +15,11 @@ builds typed pydantic models from the answer. So the adapter
   status handling, retries and error types are still the client's, and reads
   the few fields it needs from the body itself.
 
+While the model thinks, the body is the largest thing a turn holds. With
+``ModelHttpClient`` under the client (``drop_sent_body``) and a request that can
+read its messages again (``ModelRequest.reload``), the bytes are dropped once
+sent and a retry builds them again (``ResendableBody``).
+
 The HTTP transport is chosen where the client is built (``worker.app``): the
 client's aiohttp transport (``openai.DefaultAioHttpClient``) costs about half
 of httpx's own connection pool per call, and much less under many concurrent
@@ -30,6 +35,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx2
@@ -42,6 +49,7 @@ from contracts.state import ModelResponse
 from worker.errors import ModelError
 from worker.loop.interfaces import ModelRequest
 from worker.loop.transcript import wire_messages
+from worker.model_http import ResendableBody
 
 log = logging.getLogger("loopwire.model")
 
@@ -125,13 +133,25 @@ def _tool_call(call: dict[str, Any]) -> ToolCall:
 class OpenAIModel:
     """``Model`` over an ``openai.AsyncOpenAI`` client."""
 
-    def __init__(self, client: AsyncOpenAI, *, model: str, bad_response_retries: int = 2) -> None:
+    def __init__(
+        self,
+        client: AsyncOpenAI,
+        *,
+        model: str,
+        bad_response_retries: int = 2,
+        drop_sent_body: bool = False,
+    ) -> None:
         self.client = client
         self.default_model = model
         self.bad_response_retries = bad_response_retries
+        self.drop_sent_body = drop_sent_body
+        """The client's HTTP client is a ``ModelHttpClient`` (it sends ``ResendableBody``)."""
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        body = encode_body(request, self.default_model)
+        body: Any = encode_body(request, self.default_model)
+        if self.drop_sent_body and request.reload is not None:
+            rebuild = _rebuilder(replace(request, messages=()), request.reload, self.default_model)
+            body = ResendableBody(body, rebuild)  # the client takes it for a rewindable file
         # From here on only ``body`` is needed: a caller that hands the request over (keeps no
         # reference) lets the decoded history go while the model thinks (~60 KB per turn in
         # flight with a 40-message history).
@@ -163,6 +183,20 @@ class OpenAIModel:
                         code="model_bad_response",
                     ) from exc
         raise AssertionError("unreachable")
+
+
+def _rebuilder(
+    shape: ModelRequest,
+    reload: Callable[[], Awaitable[Sequence[ChatMessage]]],
+    default_model: str,
+) -> Callable[[], Awaitable[bytes]]:
+    """The body again, from ``shape`` (the request without its messages) and the messages read
+    afresh."""
+
+    async def rebuild() -> bytes:
+        return encode_body(replace(shape, messages=await reload()), default_model)
+
+    return rebuild
 
 
 def _short(text: str, limit: int = 500) -> str:

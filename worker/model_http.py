@@ -11,17 +11,70 @@ The request carries the headers the ``openai`` client sets (and aiohttp's), not
 httpx's client defaults.
 Anything else (streaming, per-call auth, query parameters, cookies, a redirect
 to follow) takes the full ``httpx2`` path. Cookies are not kept between calls.
+
+A ``ResendableBody`` is sent once from memory and dropped; an attempt after that
+(the ``openai`` client's retries) builds it again. Both paths stream it with its
+``Content-Length``.
 """
 
 from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx2
 import openai
 from httpx2._client import USE_CLIENT_DEFAULT, UseClientDefault
+
+
+class ResendableBody:
+    """A request body held only until it is first sent; a later attempt gets it from
+    ``rebuild``, which must give the same bytes (a body that comes out a different size
+    fails that attempt).
+
+    A 20 KB body kept for the client's retries would be the largest thing a turn holds while
+    the model thinks. The ``openai`` client retries a body it can rewind (``seek``): this one
+    says it can, and ``ModelHttpClient`` sends it."""
+
+    __slots__ = ("_data", "_rebuild", "size")
+
+    def __init__(self, data: bytes, rebuild: Callable[[], Awaitable[bytes]]) -> None:
+        self._data: bytes | None = data
+        self._rebuild = rebuild
+        self.size = len(data)
+
+    async def take(self) -> bytes:
+        data, self._data = self._data, None
+        if data is None:
+            data = await self._rebuild()
+            if len(data) != self.size:
+                raise ValueError(
+                    f"the request body was {self.size} bytes and is {len(data)} when built again"
+                )
+        return data
+
+    # What the openai client checks before a retry; it reads nothing itself.
+    def read(self) -> bytes:
+        raise TypeError("a ResendableBody is sent by ModelHttpClient, not read")
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return 0
+
+
+class _SendOnce(httpx2.AsyncByteStream):
+    def __init__(self, body: ResendableBody) -> None:
+        self.body = body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield await self.body.take()  # nothing here keeps the bytes once they are written
 
 
 class ModelHttpClient(openai.DefaultAioHttpClient):
@@ -45,6 +98,10 @@ class ModelHttpClient(openai.DefaultAioHttpClient):
         timeout: Any = USE_CLIENT_DEFAULT,
         extensions: Any = None,
     ) -> httpx2.Request:
+        if isinstance(content, ResendableBody):
+            headers = httpx2.Headers(headers)
+            headers["Content-Length"] = str(content.size)
+            content = _SendOnce(content)
         if (
             data is None
             and files is None

@@ -64,7 +64,10 @@ async def make_model(scripted_model: ScriptedModel) -> AsyncIterator[MakeModel]:
         )
         clients.append(client)
         return OpenAIModel(
-            client, model="scripted-model", bad_response_retries=bad_response_retries
+            client,
+            model="scripted-model",
+            bad_response_retries=bad_response_retries,
+            drop_sent_body=True,
         )
 
     try:

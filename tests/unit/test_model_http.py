@@ -13,7 +13,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from worker.model_http import ModelHttpClient
+from worker.model_http import ModelHttpClient, ResendableBody
 
 
 class Server:
@@ -173,4 +173,73 @@ async def test_query_parameters_take_the_full_path(server: Server) -> None:
     assert response.status_code == 200
     path, _headers, _body = server.requests[0]
     assert path == "/v1/chat/completions"
+    assert server.queries == ["api-version=2024-10-01"]
+
+
+class Rebuilds:
+    """A ``ResendableBody``'s rebuild that counts its calls."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.calls = 0
+
+    async def __call__(self) -> bytes:
+        self.calls += 1
+        return self.body
+
+
+BODY = b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 20_000 + b'"}]}'
+
+
+async def post_resendable(
+    server: Server, rebuild: Rebuilds, *, max_retries: int = 0, **options: Any
+) -> httpx2.Response:
+    api = client(server, max_retries=max_retries)
+    body: Any = ResendableBody(BODY, rebuild)  # the client takes it for a rewindable file
+    extra: Any = options
+    try:
+        return await api.post(
+            "/chat/completions",
+            content=body,
+            cast_to=httpx2.Response,
+            options=extra,
+        )
+    finally:
+        await api.close()
+
+
+async def test_a_resendable_body_is_sent_with_its_length_and_not_rebuilt(server: Server) -> None:
+    rebuild = Rebuilds(BODY)
+    response = await post_resendable(server, rebuild)
+    assert response.status_code == 200
+    _path, headers, body = server.requests[0]
+    assert body == BODY
+    assert headers["Content-Length"] == str(len(BODY))
+    assert "Transfer-Encoding" not in headers
+    assert rebuild.calls == 0
+
+
+async def test_a_retry_rebuilds_a_resendable_body(server: Server) -> None:
+    server.behaviour = [(503, {"Retry-After": "0"}), (429, {"Retry-After": "0"}), "ok"]
+    rebuild = Rebuilds(BODY)
+    response = await post_resendable(server, rebuild, max_retries=2)
+    assert response.status_code == 200
+    assert [body for _, _, body in server.requests] == [BODY, BODY, BODY]
+    assert rebuild.calls == 2
+
+
+async def test_a_rebuilt_body_of_another_size_is_not_sent(server: Server) -> None:
+    server.behaviour = [(503, {"Retry-After": "0"})]
+    rebuild = Rebuilds(BODY + b" ")
+    with pytest.raises(openai.APIConnectionError):
+        await post_resendable(server, rebuild, max_retries=1)
+    assert [body for _, _, body in server.requests] == [BODY]
+    assert rebuild.calls == 1
+
+
+async def test_a_resendable_body_takes_the_full_path_too(server: Server) -> None:
+    response = await post_resendable(server, Rebuilds(BODY), params={"api-version": "2024-10-01"})
+    assert response.status_code == 200
+    _path, headers, body = server.requests[0]
+    assert (body, headers["Content-Length"]) == (BODY, str(len(BODY)))
     assert server.queries == ["api-version=2024-10-01"]

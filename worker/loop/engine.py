@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from contracts.events import (
     EventData,
@@ -179,9 +180,7 @@ class Loop:
             stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self._finish(stopped, profile, "stop", ex.last_content)
         started = self.clock()
-        messages: Sequence[ChatMessage] = await self._compile(state, profile)
-        if rewrites_messages(self.hooks):
-            messages = await self.hooks.prepare_messages(ctx, list(messages))
+        messages = await self._messages(state, profile, ctx)
         offered = [d for d in await self.catalog.available() if profile.allows(d.name)]
         request = ModelRequest(
             messages=messages,
@@ -192,6 +191,7 @@ class Loop:
             else profile.temperature,
             max_tokens=state.llm.max_tokens or profile.max_tokens,
             response_format=state.context.response_format,
+            reload=partial(self._messages, state, profile, ctx),
         )
         model_name, input_count = request.model, len(messages)
         call = self.model.complete(request)
@@ -325,10 +325,20 @@ class Loop:
 
     # -- helpers --------------------------------------------------------------
 
-    async def _compile(self, state: AgentState, profile: AgentProfile) -> Transcript:
+    async def _messages(
+        self, state: AgentState, profile: AgentProfile, ctx: HookContext
+    ) -> Sequence[ChatMessage]:
+        """What the model is sent: the system prompt and the conversation from the store, as
+        the hooks prepare it. The same again when called again within the step (the model
+        adapter's retries: the store and the session's redaction table only grow)."""
         history = await self.store.load_messages(state)
         prompt = state.context.system_prompt or profile.system_prompt
-        return Transcript(ChatMessage.system(prompt) if prompt else None, history)
+        messages: Sequence[ChatMessage] = Transcript(
+            ChatMessage.system(prompt) if prompt else None, history
+        )
+        if rewrites_messages(self.hooks):
+            messages = await self.hooks.prepare_messages(ctx, list(messages))
+        return messages
 
     async def _save(
         self, state: AgentState, *, append: Sequence[ChatMessage] = (), release: bool = False

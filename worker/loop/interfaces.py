@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, ParamSpec, Protocol
 
@@ -36,6 +36,9 @@ class ModelRequest:
     max_tokens: int | None = None
     response_format: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    reload: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None
+    """The same ``messages`` again, read afresh (from the store): an adapter that has sent the
+    request need not keep it for a retry while the model thinks. ``None``: keep it."""
 
 
 class Model(Protocol):
