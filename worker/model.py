@@ -75,8 +75,8 @@ def encode_body(request: ModelRequest, default_model: str) -> bytes:
     """The request as JSON bytes, encoded once (compact UTF-8, what the client sends).
 
     orjson: a tenth of the standard encoder's CPU on a 20 KB history. Its output buffer is
-    larger than the JSON (32 KB for 20 KB); the body is kept for the whole model call (retries
-    resend it), so it is copied to its exact size. What orjson cannot encode (an integer past
+    larger than the JSON (32 KB for 20 KB); a body that cannot be built again is kept for the
+    whole model call (retries resend it), so it is copied to its exact size. What orjson cannot encode (an integer past
     64 bits in a tool schema) goes through the standard encoder."""
     body = build_body(request, default_model)
     try:
