@@ -369,3 +369,40 @@ async def test_concurrent_redactions_of_one_value_get_one_placeholder(
     finally:
         for r in clients:
             await r.aclose()
+
+
+async def test_a_retried_model_request_is_built_again_the_same_and_redacted(
+    topology: None,
+    scripted_model: ScriptedModel,
+    client: LoopwireClient,
+    sessions: list[str],
+    tmp_path: Path,
+) -> None:
+    """The worker does not keep the request body while the model thinks: the client's retry
+    gets it built again from the session history and the redaction map."""
+    c = Canaries.new()
+    scripted_model.expect(Reply.text("Noted, «EMAIL_1»."))
+    scripted_model.expect(Reply.error(503, "overloaded", headers={"retry-after-ms": "1"}))
+    scripted_model.expect(Reply.text("Still noted, «EMAIL_1» and «IBAN_1»."))
+    session = new_session(sessions)
+    worker = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=write_agents(tmp_path / "agents.json", [], c),
+        extra_env={"LOOPWIRE_MODEL__MAX_RETRIES": "2"},
+    )
+    await worker.start()
+    try:
+        first = await client.run_turn("support", c.user_text(), session_id=session, timeout=30)
+        second = await client.run_turn(
+            "support", f"And my IBAN is {c.iban}.", session_id=session, timeout=30
+        )
+    finally:
+        worker.close()
+
+    assert first.content == f"Noted, {c.email}."
+    assert second.content == f"Still noted, {c.email} and {c.iban}."
+    first_request, failed, retried = scripted_model.requests
+    assert retried == failed
+    assert len(retried["messages"]) == len(first_request["messages"]) + 2
+    assert leaks(json.dumps(scripted_model.requests, ensure_ascii=False), c) == []
+    assert worker.errors() == []
