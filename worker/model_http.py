@@ -99,7 +99,8 @@ class ModelHttpClient(openai.DefaultAioHttpClient):
         extensions: Any = None,
     ) -> httpx2.Request:
         if isinstance(content, ResendableBody):
-            headers = httpx2.Headers(headers)
+            # the openai client builds its headers afresh for every attempt
+            headers = headers if isinstance(headers, httpx2.Headers) else httpx2.Headers(headers)
             headers["Content-Length"] = str(content.size)
             content = _SendOnce(content)
         if (

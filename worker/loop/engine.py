@@ -49,12 +49,11 @@ from contracts.state import (
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from worker.errors import ModelError
 from worker.loop.guards import apply_empty_streak
-from worker.loop.hooks import Hook, HookContext, rewrites_messages
+from worker.loop.hooks import Hook, HookContext
 from worker.loop.interfaces import (
     EventSink,
     LoopObserver,
     Model,
-    ModelRequest,
     StateStore,
     ToolCaller,
     ToolCatalog,
@@ -68,8 +67,8 @@ from worker.loop.records import (
     unique_call_ids,
     with_execution,
 )
+from worker.loop.request import compile_messages, model_request
 from worker.loop.tools import ToolRunner
-from worker.loop.transcript import Transcript
 from worker.profiles import AgentProfile
 
 log = logging.getLogger("loopwire.loop")
@@ -180,19 +179,10 @@ class Loop:
             stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self._finish(stopped, profile, "stop", ex.last_content)
         started = self.clock()
-        messages = await self._messages(state, profile, ctx)
+        reload = partial(compile_messages, self.store, self.hooks, state, profile, ctx)
+        messages = await reload()
         offered = [d for d in await self.catalog.available() if profile.allows(d.name)]
-        request = ModelRequest(
-            messages=messages,
-            tools=offered,
-            model=state.llm.model or profile.model,
-            temperature=state.llm.temperature
-            if state.llm.temperature is not None
-            else profile.temperature,
-            max_tokens=state.llm.max_tokens or profile.max_tokens,
-            response_format=state.context.response_format,
-            reload=partial(self._messages, state, profile, ctx),
-        )
+        request = model_request(state, profile, messages, offered, reload)
         model_name, input_count = request.model, len(messages)
         call = self.model.complete(request)
         del request, messages  # while the model thinks only the adapter holds the history
@@ -324,21 +314,6 @@ class Loop:
         return Finished(saved, result)
 
     # -- helpers --------------------------------------------------------------
-
-    async def _messages(
-        self, state: AgentState, profile: AgentProfile, ctx: HookContext
-    ) -> Sequence[ChatMessage]:
-        """What the model is sent: the system prompt and the conversation from the store, as
-        the hooks prepare it. The same again when called again within the step (the model
-        adapter's retries: the store and the session's redaction table only grow)."""
-        history = await self.store.load_messages(state)
-        prompt = state.context.system_prompt or profile.system_prompt
-        messages: Sequence[ChatMessage] = Transcript(
-            ChatMessage.system(prompt) if prompt else None, history
-        )
-        if rewrites_messages(self.hooks):
-            messages = await self.hooks.prepare_messages(ctx, list(messages))
-        return messages
 
     async def _save(
         self, state: AgentState, *, append: Sequence[ChatMessage] = (), release: bool = False

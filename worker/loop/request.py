@@ -1,0 +1,49 @@
+"""What the model is sent in a step: the system prompt and the conversation from the store, as
+the hooks prepare them, with the call's parameters from the session and the agent."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from contracts.messages import ChatMessage
+from contracts.state import AgentState
+from contracts.tools import ToolDefinition
+from worker.loop.hooks import Hook, HookContext, rewrites_messages
+from worker.loop.interfaces import ModelRequest, StateStore
+from worker.loop.transcript import Transcript
+from worker.profiles import AgentProfile
+
+
+async def compile_messages(
+    store: StateStore, hooks: Hook, state: AgentState, profile: AgentProfile, ctx: HookContext
+) -> Sequence[ChatMessage]:
+    """The same again when called again within the step (the model adapter's retries): the
+    store and the session's redaction table only grow."""
+    history = await store.load_messages(state)
+    prompt = state.context.system_prompt or profile.system_prompt
+    messages: Sequence[ChatMessage] = Transcript(
+        ChatMessage.system(prompt) if prompt else None, history
+    )
+    if rewrites_messages(hooks):
+        messages = await hooks.prepare_messages(ctx, list(messages))
+    return messages
+
+
+def model_request(
+    state: AgentState,
+    profile: AgentProfile,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolDefinition],
+    reload: Callable[[], Awaitable[Sequence[ChatMessage]]],
+) -> ModelRequest:
+    """The session's model settings over the agent's."""
+    llm = state.llm
+    return ModelRequest(
+        messages=messages,
+        tools=tools,
+        model=llm.model or profile.model,
+        temperature=llm.temperature if llm.temperature is not None else profile.temperature,
+        max_tokens=llm.max_tokens or profile.max_tokens,
+        response_format=state.context.response_format,
+        reload=reload,
+    )
