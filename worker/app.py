@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from contracts import topology as t
+from worker.broker_gate import BrokerGate
 from worker.catalog import RegistryCatalog
 from worker.consumer import Consumer
 from worker.events import AmqpEventSink
@@ -112,6 +113,8 @@ class Worker:
             client_properties={"connection_name": f"loopwire-worker-{os.getpid()}"},
             reconnect_interval=s.reconnect_interval_s,
         )
+        gate = BrokerGate()
+        gate.watch(connection)
         client = openai_client(s)
         health: HealthServer | None = None
         try:
@@ -163,6 +166,7 @@ class Worker:
                 busy_retry_s=s.busy_retry_s,
                 max_step_attempts=s.max_step_attempts,
                 metrics=self.metrics,
+                broker_up=gate.up,
             )
             # declared (not just looked up) on this channel so the robust channel restores it
             # and its consumer after a reconnect
@@ -185,8 +189,9 @@ class Worker:
                     return bool(await redis.ping())
 
                 async def consumer_ok() -> bool:
-                    # a robust connection is not "closed" while it reconnects: ask whether it is up
-                    return self.consuming and connection.connected.is_set()
+                    # a robust connection is not "closed" while it reconnects: ask whether it is
+                    # up with every channel restored
+                    return self.consuming and connection.connected.is_set() and gate.up.is_set()
 
                 health = HealthServer(
                     registry=self.registry,

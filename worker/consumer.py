@@ -13,10 +13,14 @@
   reason. A dead-lettered *step* ends its turn with ``finish_reason: error``
   (``turn.failed``, a reply to the publisher) so the session's next turn runs.
 - Every publish uses confirms; the message is acked only after all of them.
+- A step starts only while every channel of the broker connection is open; a step whose
+  channel went down goes back to the queue and is redone.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -58,6 +62,7 @@ class Consumer:
         max_step_attempts: int = 5,
         poison_after: int = t.TURN_DELIVERY_LIMIT - 2,
         metrics: WorkerMetrics | None = None,
+        broker_up: asyncio.Event | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else WorkerMetrics(CollectorRegistry())
         self.work = work
@@ -67,19 +72,48 @@ class Consumer:
         self.busy_retry_s = busy_retry_s
         self.max_step_attempts = max_step_attempts
         self.poison_after = poison_after
+        if broker_up is None:
+            broker_up = asyncio.Event()
+            broker_up.set()
+        self.broker_up = broker_up
+        """Set while every channel of the broker connection is open (see ``BrokerGate``)."""
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
-        """Handle one work message; every path ends in exactly one ack. With the broker
-        connection gone there is nothing to ack on: the broker delivers the message again."""
+        """Handle one work message; every path ends in exactly one ack, or in the message
+        going back to the queue when a channel went down under the step."""
+        if not self.broker_up.is_set():
+            await self.broker_up.wait()
         try:
             await self._handle(message)
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
+            await self._give_back(message, exc)
+
+    async def _give_back(self, message: AbstractIncomingMessage, exc: BaseException) -> None:
+        """A channel went down under the step. On a closed delivery channel there is nothing
+        to ack on: the broker delivers the message again. A delivery channel that is still
+        open (restored before the others, or another channel was lost alone) would hold the
+        message unacked for good: it is returned to the queue once the connection is whole."""
+        try:
+            message.channel  # noqa: B018 - raises when the delivery channel is closed
+        except ChannelInvalidStateError:
             log.warning(
                 "could not finish work message %s, the broker connection is down (%r): "
                 "it will be delivered again",
                 message.message_id,
                 exc,
             )
+            return
+        log.warning(
+            "could not finish work message %s, a channel went down (%r): "
+            "it goes back to the queue once the connection is whole",
+            message.message_id,
+            exc,
+        )
+        await self.broker_up.wait()
+        await asyncio.sleep(self.busy_retry_s)  # a channel lost alone restores itself meanwhile
+        # should the delivery channel go down too, the broker delivers the message again
+        with contextlib.suppress(AMQPError, ChannelInvalidStateError, ConnectionError):
+            await message.nack(requeue=True)
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         headers: dict[str, Any] = dict(message.headers or {})
