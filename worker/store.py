@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import msgpack
@@ -249,13 +249,20 @@ class SessionHandle:
 
     def __init__(self, store: RedisStore, lease: Lease) -> None:
         self.store = store
-        self.lease = lease
+        self.lease = replace(lease, state=None)
+        self._state = lease.state
         self.next_turn: str | None = None
         self.released = False
         """The lease was let go by a save (``release`` or a result): the step wrote its last."""
         self._history = lease.history
         """The session history read with the lease plus what this step appended since; handed
         out once (``load_messages``), then dropped."""
+
+    def take_state(self) -> AgentState | None:
+        """The state read with the lease, handed out once: while the step runs, the copies the
+        step made of it are the only ones kept."""
+        state, self._state = self._state, None
+        return state
 
     async def load_messages(self, state: AgentState) -> StoredMessages:
         redis = self.store.redis

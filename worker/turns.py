@@ -130,17 +130,18 @@ class TurnWork:
         if lease is None:
             return [Busy()]
         handle = self.store.handle(lease)
+        del lease  # with the state it was read with: the handle hands that out once
         renewer = _Renewer(self.store, handle)
         try:
             return await self._step(handle, work)
         finally:
             renewer.stop()
             if not handle.released:
-                await self.store.release(lease)
+                await self.store.release(handle.lease)
 
     async def _step(self, handle: SessionHandle, work: StepWork) -> list[Action]:
         failpoints.hit("step_begin")
-        state = handle.lease.state
+        state = handle.take_state()
         ex = state.execution if state else None
         if ex is None:
             head = await self.store.head(work.session_id)
@@ -164,11 +165,16 @@ class TurnWork:
                 return [Step(following)]
             return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
         assert state is not None
-        profile = self.profile(ex.request.agent)
-        outcome = await self.loop_factory(handle, profile).step(state, profile)
+        request = ex.request
+        profile = self.profile(request.agent)
+        stepping = self.loop_factory(handle, profile).step(state, profile)
+        # The loop saves new copies of the state as it goes; the ones read or built here are not
+        # kept while the model thinks (about 2 KB per turn in flight at a turn's first step).
+        del state, ex
+        outcome = await stepping
         if isinstance(outcome, Finished):
-            reply = await self.deliver(outcome.result) if ex.request.reply_to else outcome.result
-            return self._finish_actions(reply, ex.request, handle.next_turn)
+            reply = await self.deliver(outcome.result) if request.reply_to else outcome.result
+            return self._finish_actions(reply, request, handle.next_turn)
         next_ex = outcome.state.execution
         assert next_ex is not None
         failpoints.hit("step_saved")
