@@ -8,7 +8,7 @@ parameters into every request and pass each through its auth and redirect
 machinery; loopwire's client has none of those set, so for a plain request with
 a body this client builds the request directly and hands it to the transport.
 The request carries the headers the ``openai`` client sets (and aiohttp's), not
-httpx's client defaults.
+httpx's client defaults, and not the ``openai`` client's ``X-Stainless-*`` telemetry.
 Anything else (streaming, per-call auth, query parameters, cookies, a redirect
 to follow) takes the full ``httpx2`` path. Cookies are not kept between calls.
 
@@ -77,6 +77,16 @@ class _SendOnce(httpx2.AsyncByteStream):
         yield await self.body.take()  # nothing here keeps the bytes once they are written
 
 
+def _without_telemetry(headers: Any) -> httpx2.Headers:
+    """The openai client's headers without its ``X-Stainless-*`` telemetry (SDK, OS, runtime,
+    retry count: nine of its thirteen headers), which every request would otherwise carry and
+    hold while the model thinks. The openai client builds them afresh for every attempt."""
+    if headers is None:
+        return httpx2.Headers()
+    raw = headers.raw if isinstance(headers, httpx2.Headers) else httpx2.Headers(headers).raw
+    return httpx2.Headers([(k, v) for k, v in raw if not k.lower().startswith(b"x-stainless-")])
+
+
 class ModelHttpClient(openai.DefaultAioHttpClient):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -98,9 +108,8 @@ class ModelHttpClient(openai.DefaultAioHttpClient):
         timeout: Any = USE_CLIENT_DEFAULT,
         extensions: Any = None,
     ) -> httpx2.Request:
+        headers = _without_telemetry(headers)
         if isinstance(content, ResendableBody):
-            # the openai client builds its headers afresh for every attempt
-            headers = headers if isinstance(headers, httpx2.Headers) else httpx2.Headers(headers)
             headers["Content-Length"] = str(content.size)
             content = _SendOnce(content)
         if (

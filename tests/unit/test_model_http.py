@@ -95,6 +95,8 @@ async def test_a_plain_call_sends_the_clients_headers_and_returns_the_body(serve
     assert body == b'{"model":"m","messages":[]}'
     assert headers["Authorization"] == "Bearer secret-key"
     assert headers["Content-Type"] == "application/json"
+    assert headers["User-Agent"].startswith("AsyncOpenAI/Python")
+    assert not [name for name in headers if name.lower().startswith("x-stainless-")]
 
 
 async def test_retries_a_429_honouring_retry_after_then_succeeds(server: Server) -> None:
