@@ -3,7 +3,10 @@ same load and reports medians and the loopwire / floor ratio of the medians."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -11,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import micro
+from tests.bench.held import VARIANTS as HELD_VARIANTS
 from tests.bench.load import Driver, Window
+from tests.bench.procs import ROOT
 from tests.bench.report import median, ratio, table
 from tests.bench.targets import FloorTarget, LoopwireTarget, ModelServer, Shared, Target
 
@@ -33,6 +38,7 @@ class Plan:
     conc_rounds: int
     hold_delay_s: float
     scale_sessions: int
+    held_calls: int
     steps: int = 5
     prefetch: int = 300
 
@@ -53,6 +59,7 @@ FULL = Plan(
     conc_rounds=2,
     hold_delay_s=100,
     scale_sessions=256,
+    held_calls=1000,
 )
 QUICK = Plan(
     rounds=1,
@@ -70,6 +77,7 @@ QUICK = Plan(
     conc_rounds=1,
     hold_delay_s=40,
     scale_sessions=32,
+    held_calls=200,
 )
 
 
@@ -158,7 +166,39 @@ async def adapter(ctx: Context) -> dict[str, Any]:
             rows,
         )
     )
+    held = {variant: await _held(ctx.model, plan.held_calls, variant) for variant in HELD_VARIANTS}
+    out["held"] = held
+    plain = held["plain_aiohttp"]["kb_per_call"]
+    ctx.tables.append(
+        table(
+            f"Model call held in flight: client memory per call ({plan.held_calls} calls, "
+            "RSS growth, body bytes shared)",
+            ("variant", "KB/call", "x plain aiohttp"),
+            [(name, h["kb_per_call"], ratio(h["kb_per_call"], plain)) for name, h in held.items()],
+        )
+    )
     return out
+
+
+async def _held(model: ModelServer, calls: int, variant: str) -> dict[str, Any]:
+    """``tests.bench.held`` in a process of its own (one per variant)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.bench.held",
+        model.base_url,
+        model.control,
+        str(calls),
+        variant,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 180)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tests.bench.held {variant} failed: {err.decode()[-2000:]}")
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
 
 
 async def rpc(ctx: Context) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from types import FrameType
 
 def main() -> None:
     out, module, *rest = sys.argv[1:]
-    tracemalloc.start(12)
+    tracemalloc.start(int(os.environ.get("LW_BENCH_TRACEMALLOC_FRAMES", "12")))
 
     def dump(_signum: int, _frame: FrameType | None) -> None:
         try:
