@@ -191,7 +191,7 @@ class Worker:
                 async def consumer_ok() -> bool:
                     # a robust connection is not "closed" while it reconnects: ask whether it is
                     # up with every channel restored
-                    return self.consuming and connection.connected.is_set() and gate.up.is_set()
+                    return self.consuming and gate.up.is_set()
 
                 health = HealthServer(
                     registry=self.registry,

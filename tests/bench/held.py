@@ -28,7 +28,7 @@ import httpx2
 import openai
 import uvloop
 
-from tests.bench.micro import _request
+from tests.bench.micro import bench_request
 from tests.bench.procs import rss_bytes
 from worker.model import encode_body
 from worker.model_http import ModelHttpClient
@@ -49,7 +49,7 @@ async def _waiting(session: aiohttp.ClientSession, control: str) -> int:
 
 
 async def measure(base_url: str, control: str, calls: int, variant: str) -> dict[str, Any]:
-    body = encode_body(_request(), "bench")
+    body = encode_body(bench_request(), "bench")
     url = base_url + "/chat/completions"
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     api = openai.AsyncOpenAI(

@@ -32,7 +32,7 @@ from worker.rpc import ToolRPC
 Call = Callable[[], Awaitable[Any]]
 
 
-def _request() -> ModelRequest:
+def bench_request() -> ModelRequest:
     function = tool_definition()["function"]
     definition = ToolDefinition(
         name=TOOL, description=function["description"], parameters=function["parameters"]
@@ -115,7 +115,7 @@ ADAPTER_VARIANTS = (
 async def adapter_round(
     model: ModelServer, *, n: int, concurrency: int, variants: tuple[str, ...] = ADAPTER_VARIANTS
 ) -> dict[str, dict[str, float]]:
-    request = _request()
+    request = bench_request()
     httpx_client = _client(model.base_url, "httpx", concurrency)
     aio_client = _client(model.base_url, "aiohttp", concurrency)
     lean_client = _client(model.base_url, "lean", concurrency)

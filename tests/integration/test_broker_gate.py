@@ -21,8 +21,8 @@ from worker.loop import EventSink
 from worker.turns import Action, TurnWork
 
 
-class StepsFailingOnce:
-    """Work whose first step fails the way a publish on a channel that went down fails."""
+class FailingSteps:
+    """Work whose first ``failures`` steps fail the way a publish on a channel that went down fails."""
 
     def __init__(self, failures: int = 1) -> None:
         self.failures = failures
@@ -53,7 +53,7 @@ async def work_queue(uid: str) -> AsyncIterator[tuple[AbstractQueue, AbstractExc
         await connection.close()
 
 
-def consumer_for(work: StepsFailingOnce, exchange: AbstractExchange, up: asyncio.Event) -> Consumer:
+def consumer_for(work: FailingSteps, exchange: AbstractExchange, up: asyncio.Event) -> Consumer:
     return Consumer(
         work=cast(TurnWork, work),
         default_exchange=exchange,
@@ -76,7 +76,7 @@ async def test_a_step_whose_channel_went_down_goes_back_to_the_queue(
     work_queue: tuple[AbstractQueue, AbstractExchange], uid: str
 ) -> None:
     queue, exchange = work_queue
-    work = StepsFailingOnce()
+    work = FailingSteps()
     up = asyncio.Event()
     up.set()
     consumer = consumer_for(work, exchange, up)
@@ -97,7 +97,7 @@ async def test_no_step_starts_until_the_connection_is_whole(
     work_queue: tuple[AbstractQueue, AbstractExchange], uid: str
 ) -> None:
     queue, exchange = work_queue
-    work = StepsFailingOnce(failures=0)
+    work = FailingSteps(failures=0)
     up = asyncio.Event()  # cleared: the connection is being restored
     consumer = consumer_for(work, exchange, up)
     received = asyncio.Event()
