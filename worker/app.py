@@ -13,10 +13,10 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from typing import Final
 
 import aio_pika
 import httpx2
-from aio_pika.abc import AbstractIncomingMessage
 from openai import AsyncOpenAI
 from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -32,6 +32,7 @@ from worker.metrics import CountingSink, WorkerMetrics, build_info
 from worker.model import OpenAIModel
 from worker.model_http import ModelHttpClient
 from worker.profiles import AgentProfile, AgentProfiles
+from worker.publish import ConfirmedPublisher
 from worker.redaction import REDACT
 from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
@@ -52,8 +53,13 @@ def load_profiles(settings: Settings) -> AgentProfiles:
     return AgentProfiles.load(settings.agents_file)
 
 
+_NO_HOOKS: Final = Hooks()
+
+
 def hooks_for(profile: AgentProfile, redaction: Redaction | None = None) -> Hook:
     """Built-in hook sets an agent profile can turn on by name."""
+    if not profile.hooks:
+        return _NO_HOOKS
     enabled: list[Hook] = []
     for name in profile.hooks:
         if name != REDACT:
@@ -123,7 +129,9 @@ class Worker:
             publish_channel = await connection.channel(publisher_confirms=True)
             rpc_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             topo = await declare(publish_channel)
-            sink = CountingSink(AmqpEventSink(topo.events), self.metrics)
+            sink = CountingSink(
+                AmqpEventSink(ConfirmedPublisher(publish_channel, topo.events.name)), self.metrics
+            )
             rpc = ToolRPC(rpc_channel, in_progress=self.metrics.tool_call_in_progress)
             await rpc.start()
             model = OpenAIModel(
@@ -160,28 +168,20 @@ class Worker:
             )
             consumer = Consumer(
                 work=work,
-                default_exchange=publish_channel.default_exchange,
+                publisher=ConfirmedPublisher(publish_channel),
                 dead_letter=topo.dead_letter,
                 events=sink,
                 busy_retry_s=s.busy_retry_s,
                 max_step_attempts=s.max_step_attempts,
                 metrics=self.metrics,
                 broker_up=gate.up,
+                in_flight=self.in_flight,
             )
             # declared (not just looked up) on this channel so the robust channel restores it
             # and its consumer after a reconnect
             queue = await consume_channel.declare_queue(
                 t.TURNS_QUEUE, durable=True, arguments=TURNS_ARGUMENTS
             )
-
-            async def on_message(message: AbstractIncomingMessage) -> None:
-                task = asyncio.current_task()
-                assert task is not None
-                self.in_flight.add(task)
-                try:
-                    await consumer.handle(message)
-                finally:
-                    self.in_flight.discard(task)
 
             if s.http_port:
 
@@ -199,7 +199,7 @@ class Worker:
                     port=s.http_port,
                 )
                 await health.start()
-            tag = await queue.consume(on_message)
+            tag = await queue.consume(consumer.handle)
             self.consuming = True
             log.info("worker consuming %s (prefetch %d)", t.TURNS_QUEUE, s.prefetch)
             if on_ready is not None:

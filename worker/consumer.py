@@ -44,6 +44,7 @@ from worker import failpoints
 from worker.errors import PermanentError, RetryableError
 from worker.loop import EventSink
 from worker.metrics import WorkerMetrics
+from worker.publish import NOT_PERSISTENT, PERSISTENT, ConfirmedPublisher, properties
 from worker.turns import Action, Busy, Drop, Reply, Step, TurnWork
 
 log = logging.getLogger("loopwire.consumer")
@@ -55,7 +56,7 @@ class Consumer:
         self,
         *,
         work: TurnWork,
-        default_exchange: AbstractExchange,
+        publisher: ConfirmedPublisher,
         dead_letter: AbstractExchange,
         events: EventSink,
         busy_retry_s: float = 0.5,
@@ -63,10 +64,12 @@ class Consumer:
         poison_after: int = t.TURN_DELIVERY_LIMIT - 2,
         metrics: WorkerMetrics | None = None,
         broker_up: asyncio.Event | None = None,
+        in_flight: set[asyncio.Task[Any]] | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else WorkerMetrics(CollectorRegistry())
         self.work = work
-        self.default = default_exchange
+        self.publisher = publisher
+        """Confirmed publishes to the default exchange: next steps, replies, retries."""
         self.dead_letter = dead_letter
         self.events = events
         self.busy_retry_s = busy_retry_s
@@ -77,16 +80,23 @@ class Consumer:
             broker_up.set()
         self.broker_up = broker_up
         """Set while every channel of the broker connection is open (see ``BrokerGate``)."""
+        self.in_flight = in_flight if in_flight is not None else set()
+        """The tasks handling a message right now (a worker stopping waits for them)."""
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Handle one work message; every path ends in exactly one ack, or in the message
         going back to the queue when a channel went down under the step."""
-        if not self.broker_up.is_set():
-            await self.broker_up.wait()
+        task = asyncio.current_task()
+        assert task is not None
+        self.in_flight.add(task)
         try:
+            if not self.broker_up.is_set():
+                await self.broker_up.wait()
             await self._handle(message)
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
             await self._give_back(message, exc)
+        finally:
+            self.in_flight.discard(task)
 
     async def _give_back(self, message: AbstractIncomingMessage, exc: BaseException) -> None:
         """A channel went down under the step. On a closed delivery channel there is nothing
@@ -116,7 +126,7 @@ class Consumer:
             await message.nack(requeue=True)
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
-        headers: dict[str, Any] = dict(message.headers or {})
+        headers: dict[str, Any] = message.headers  # read only: a step holds it to its end
         try:
             deliveries = int(headers.get("x-delivery-count", 0))
             if deliveries >= self.poison_after:
@@ -124,7 +134,15 @@ class Consumer:
                     f"delivered {deliveries + 1} times without being done (it may crash workers)",
                     code="poison",
                 )
-            actions = await self._dispatch(message, headers)
+            kind = headers.get(t.H_KIND, t.KIND_START)
+            if kind == t.KIND_STEP:
+                work = decode(message.body, StepWork)
+                with self.metrics.steps_in_progress.track_inprogress():
+                    actions = await self.work.on_step(work)
+            elif kind == t.KIND_START:
+                actions = await self.work.on_request(decode(message.body, TurnRequest))
+            else:
+                raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
             await self._perform(message, headers, actions)
         except DecodeError as exc:
             await self._reject(message, exc.reason, exc.code)
@@ -146,18 +164,6 @@ class Consumer:
         failpoints.hit("before_ack")
         await message.ack()
 
-    async def _dispatch(
-        self, message: AbstractIncomingMessage, headers: dict[str, Any]
-    ) -> list[Action]:
-        kind = headers.get(t.H_KIND, t.KIND_START)
-        if kind == t.KIND_STEP:
-            work = decode(message.body, StepWork)
-            with self.metrics.steps_in_progress.track_inprogress():
-                return await self.work.on_step(work)
-        if kind == t.KIND_START:
-            return await self.work.on_request(decode(message.body, TurnRequest))
-        raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
-
     async def _perform(
         self, message: AbstractIncomingMessage, headers: dict[str, Any], actions: list[Action]
     ) -> None:
@@ -165,15 +171,15 @@ class Consumer:
             if isinstance(action, Step):
                 await self.publish_step(action.work)
             elif isinstance(action, Reply):
-                await self.default.publish(
-                    aio_pika.Message(
-                        encode(action.result),
-                        correlation_id=action.result.turn_id,
-                        content_type=t.CONTENT_TYPE,
-                        type="turn.result",
-                    ),
+                await self.publisher.publish(
+                    encode(action.result),
                     routing_key=action.reply_to,
-                    mandatory=False,
+                    properties=properties(
+                        content_type=t.CONTENT_TYPE,
+                        delivery_mode=NOT_PERSISTENT,
+                        correlation_id=action.result.turn_id,
+                        message_type="turn.result",
+                    ),
                 )
             elif isinstance(action, Busy):
                 log.debug("session busy; retrying %s later", message.message_id)
@@ -183,15 +189,15 @@ class Consumer:
                 self.metrics.dropped.labels(action.code).inc()
 
     async def publish_step(self, work: StepWork) -> None:
-        await self.default.publish(
-            aio_pika.Message(
-                encode(work),
-                headers={t.H_KIND: t.KIND_STEP},
+        await self.publisher.publish(
+            encode(work),
+            routing_key=t.TURNS_QUEUE,
+            properties=properties(
                 content_type=t.CONTENT_TYPE,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                delivery_mode=PERSISTENT,
+                headers={t.H_KIND: t.KIND_STEP},
                 message_id=f"{work.turn_id}:{work.step}",
             ),
-            routing_key=t.TURNS_QUEUE,
         )
 
     async def _retry(
@@ -206,18 +212,18 @@ class Consumer:
         # One delay for every retry: messages in the delay queue expire in order, so a longer
         # backoff would hold back the short retries queued behind it.
         delay = self.busy_retry_s
-        await self.default.publish(
-            aio_pika.Message(
-                message.body,
-                headers={**headers, t.H_ATTEMPT: attempt},
+        await self.publisher.publish(
+            message.body,
+            routing_key=t.RETRY_QUEUE,
+            properties=properties(
                 content_type=message.content_type,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                expiration=delay,
+                delivery_mode=PERSISTENT,
+                headers={**headers, t.H_ATTEMPT: attempt},
                 message_id=message.message_id,
                 correlation_id=message.correlation_id,
                 reply_to=message.reply_to,
+                expiration_ms=int(delay * 1000),
             ),
-            routing_key=t.RETRY_QUEUE,
         )
         self.metrics.retried.labels(reason).inc()
 

@@ -4,35 +4,30 @@ from __future__ import annotations
 
 import logging
 
-import aio_pika
-from aio_pika.abc import AbstractExchange
-
 from contracts.codec import encode
 from contracts.events import Event
 from contracts.topology import CONTENT_TYPE
+from worker.publish import NOT_PERSISTENT, ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.events")
 
 
-def event_message(event: Event) -> aio_pika.Message:
-    return aio_pika.Message(
-        encode(event),
-        headers=dict(event.headers()),
-        content_type=CONTENT_TYPE,
-        message_id=event.id,
-        type=event.type,
-        timestamp=event.time,
-        delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
-    )
-
-
 class AmqpEventSink:
-    """``EventSink`` over a confirming channel's exchange."""
+    """``EventSink`` over a confirming channel (``ConfirmedPublisher`` to the events exchange)."""
 
-    def __init__(self, exchange: AbstractExchange) -> None:
-        self.exchange = exchange
+    def __init__(self, publisher: ConfirmedPublisher) -> None:
+        self.publisher = publisher
 
     async def emit(self, event: Event) -> None:
-        await self.exchange.publish(
-            event_message(event), routing_key=event.routing_key, mandatory=False
+        await self.publisher.publish(
+            encode(event),
+            routing_key=event.routing_key,
+            properties=properties(
+                content_type=CONTENT_TYPE,
+                delivery_mode=NOT_PERSISTENT,
+                headers=event.headers(),
+                message_id=event.id,
+                message_type=event.type,
+                timestamp=event.time,
+            ),
         )

@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from aio_pika.exceptions import AMQPError, DeliveryError, PublishError
 from aiormq.exceptions import ChannelInvalidStateError
 
@@ -34,6 +34,7 @@ from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
 from worker import failpoints
 from worker.errors import RetryableError, ToolCallError
 from worker.loop.interfaces import ToolUnavailableError
+from worker.publish import PERSISTENT, ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.rpc")
 
@@ -51,13 +52,14 @@ class ToolRPC:
         self.in_progress = in_progress or (lambda _tool: contextlib.nullcontext())
         """Wraps each call from publish to reply (the worker counts calls in progress with it)."""
         self.futures: dict[str, asyncio.Future[ToolCallReply]] = {}
-        self.exchange: AbstractExchange | None = None
+        self.publisher: ConfirmedPublisher | None = None
         self.queue: AbstractQueue | None = None
 
     async def start(self) -> None:
-        self.exchange = await self.channel.declare_exchange(
+        await self.channel.declare_exchange(
             TOOLS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
         )
+        self.publisher = ConfirmedPublisher(self.channel, TOOLS_EXCHANGE)
         # A named queue (not server-named): a robust connection re-declares it after a reconnect.
         name = f"loopwire.replies.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self.queue = await self.channel.declare_queue(name, exclusive=True, auto_delete=True)
@@ -75,26 +77,28 @@ class ToolRPC:
                 )
 
     async def call(self, request: ToolCallRequest, definition: ToolDefinition) -> ToolCallReply:
-        if self.exchange is None or self.queue is None:
+        if self.publisher is None or self.queue is None:
             raise RuntimeError("ToolRPC.start() was not awaited")
         key = request.context.idempotency_key
         expiration_ms = max(1, int((request.context.deadline - time.time()) * 1000))
-        message = aio_pika.Message(
-            encode(request),
+        body = encode(request)
+        props = properties(
+            content_type=CONTENT_TYPE,
+            delivery_mode=PERSISTENT,
+            headers={H_IDEMPOTENCY_KEY: key},
+            message_id=f"{key}:{uuid.uuid4().hex[:8]}",
             correlation_id=request.call_id,
             reply_to=self.queue.name,
-            expiration=expiration_ms / 1000,
-            headers={H_IDEMPOTENCY_KEY: key},
-            content_type=CONTENT_TYPE,
-            message_id=f"{key}:{uuid.uuid4().hex[:8]}",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            expiration_ms=expiration_ms,
         )
         future: asyncio.Future[ToolCallReply] = asyncio.get_running_loop().create_future()
         self.futures[key] = future
         try:
             with self.in_progress(request.tool):
                 try:
-                    await self.exchange.publish(message, routing_key=request.tool, mandatory=True)
+                    await self.publisher.publish(
+                        body, routing_key=request.tool, properties=props, mandatory=True
+                    )
                 except PublishError as exc:
                     raise ToolUnavailableError(
                         f"tool unavailable: no service is bound for {request.tool!r}"

@@ -18,6 +18,7 @@ from contracts.work import StepWork
 from harness import AMQP_URL
 from worker.consumer import Consumer
 from worker.loop import EventSink
+from worker.publish import ConfirmedPublisher
 from worker.turns import Action, TurnWork
 
 
@@ -56,7 +57,7 @@ async def work_queue(uid: str) -> AsyncIterator[tuple[AbstractQueue, AbstractExc
 def consumer_for(work: FailingSteps, exchange: AbstractExchange, up: asyncio.Event) -> Consumer:
     return Consumer(
         work=cast(TurnWork, work),
-        default_exchange=exchange,
+        publisher=ConfirmedPublisher(exchange.channel),
         dead_letter=exchange,
         events=cast(EventSink, None),
         busy_retry_s=0.05,

@@ -15,7 +15,7 @@ from worker.rpc import ToolRPC
 
 
 class _Down:
-    """An exchange and a reply queue whose connection is gone."""
+    """A publisher and a reply queue whose connection is gone."""
 
     name = "loopwire.replies.test"
 
@@ -52,7 +52,7 @@ def _request() -> ToolCallRequest:
 async def test_a_call_that_could_not_be_sent_is_retryable(error: Exception) -> None:
     rpc = ToolRPC(cast(AbstractChannel, None))
     down = _Down(error)
-    rpc.exchange = cast(Any, down)
+    rpc.publisher = cast(Any, down)
     rpc.queue = cast(Any, down)
     definition = ToolDefinition(name="lookup", description="d", parameters={"type": "object"})
     with pytest.raises(RetryableError, match="could not send the tool call"):
