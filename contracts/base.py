@@ -29,12 +29,26 @@ JsonObject = dict[str, Any]
 """A JSON object (metadata, tool arguments, tool values). Depth is bounded by the codec."""
 
 
+_NOT_TRACKED: Final[set[str]] = set()
+"""The fields-set of every contract instance: shared, never filled (see ``Contract``)."""
+
+
 class Contract(BaseModel):
-    """Root of every contract: immutable, strict about unknown fields."""
+    """Root of every contract: immutable, strict about unknown fields.
+
+    A contract does not remember which of its fields were given explicitly
+    (``model_fields_set`` is empty; ``exclude_unset`` does not apply): pydantic keeps a set of
+    their names in every instance, up to 0.7 KB each, and a worker holds about ten contract
+    instances per turn while the model thinks. The set is shared and never written: contracts
+    are frozen, and ``model_copy`` copies it before it adds the updated names. A contract that
+    needs it (``worker.profiles.AgentProfile``) overrides ``model_post_init``."""
 
     model_config = ConfigDict(
         frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False
     )
+
+    def model_post_init(self, context: Any, /) -> None:
+        object.__setattr__(self, "__pydantic_fields_set__", _NOT_TRACKED)
 
 
 def utf8_len_ok(value: str, limit: int) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -33,6 +34,9 @@ class AgentProfile(Contract):
         default_factory=RedactionConfig,
         description="Configuration of the 'redact' hook set (worker.redaction).",
     )
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Keeps ``model_fields_set`` (which contracts drop): ``_redaction_enabled`` reads it."""
 
     @model_validator(mode="after")
     def _redaction_enabled(self) -> AgentProfile:
