@@ -2,7 +2,8 @@
 
 Layout (keys from ``contracts.keys``, all under the session's hash tag):
 
-- ``state``: hash ``{v: version, s: msgpack AgentState}``;
+- ``state``: hash ``{v: version, s: msgpack AgentState}`` (fields at their defaults left out,
+  ``encode_stored``);
 - ``history``: list of msgpack messages (append-only), ``turn:<id>:messages``
   the same for a ``persist: false`` turn;
 - ``lease`` / ``fence``: the fencing token of the worker running a step, and
@@ -37,7 +38,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import keys
-from contracts.codec import decode, decode_stored, encode, validate
+from contracts.codec import decode, decode_stored, encode, encode_stored, validate
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
@@ -247,6 +248,8 @@ class RedisStore:
 class SessionHandle:
     """``StateStore`` for one step under one lease; remembers the next queued turn on finish."""
 
+    __slots__ = ("_history", "_state", "lease", "next_turn", "released", "store")
+
     def __init__(self, store: RedisStore, lease: Lease) -> None:
         self.store = store
         self.lease = replace(lease, state=None)
@@ -298,12 +301,11 @@ class SessionHandle:
         turn_id = result.turn_id if result else (ex.turn_id if ex else "")
         transient = ex is not None and not ex.request.persist
         target = keys.turn_transient(sid, turn_id) if transient else keys.session_history(sid)
-        stored = state.model_copy(update={"version": 0})
         appended = [encode(m) for m in append]
         args: list[Any] = [
             self.lease.token,
             state.version,
-            encode(stored),
+            encode_stored(state, exclude={"version"}),  # the version lives beside the blob
             "1" if release else "0",
             self.store.ttl_s,
             encode(result) if result is not None else "",
