@@ -18,7 +18,6 @@ result and the ``turn.completed`` event keep what the loop produced.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from contracts.turns import TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
 from worker.errors import PermanentError
+from worker.leases import LeaseKeeper
 from worker.loop import EventSink, Finished, Loop, new_execution
 from worker.profiles import AgentProfile, AgentProfiles
 from worker.store import RedisStore, SessionHandle
@@ -94,6 +94,7 @@ class TurnWork:
         self.events = events
         self.clock = clock
         self.deliver = deliver
+        self.leases = LeaseKeeper(store)
 
     def profile(self, agent: str) -> AgentProfile:
         profile = self.profiles.get(agent)
@@ -131,11 +132,11 @@ class TurnWork:
             return [Busy()]
         handle = self.store.handle(lease)
         del lease  # with the state it was read with: the handle hands that out once
-        renewer = _Renewer(self.store, handle)
+        self.leases.hold(handle)
         try:
             return await self._step(handle, work)
         finally:
-            renewer.stop()
+            self.leases.drop(handle)
             if not handle.released:
                 await self.store.release(handle.lease)
 
@@ -282,44 +283,3 @@ class TurnWork:
             await self.events.emit(event)
         except Exception:
             log.exception("could not publish turn.accepted for %s", request.turn_id)
-
-
-class _Renewer:
-    """Keeps a step's lease while the step runs: a timer renews it every third of its TTL (no
-    task unless it fires; most steps end before). A renewal that fails (Redis briefly away) is
-    tried again at the next tick; if the lease is lost, the step's next save fails."""
-
-    def __init__(self, store: RedisStore, handle: SessionHandle) -> None:
-        self.store = store
-        self.handle = handle
-        self.interval = store.lease_ms / 3000
-        self.loop = asyncio.get_running_loop()
-        self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = self.loop.call_later(self.interval, self._fire)
-
-    def _fire(self) -> None:
-        self.timer = None
-        if not self.handle.released:
-            self.task = self.loop.create_task(self._renew())
-
-    async def _renew(self) -> None:
-        lease = self.handle.lease
-        try:
-            renewed = await self.store.renew(lease)
-        except Exception as exc:
-            log.warning("could not renew the lease of session %s: %s", lease.session_id, exc)
-            renewed = True  # try again at the next tick
-        if not renewed:
-            if not self.handle.released:
-                log.warning("lost the lease of session %s", lease.session_id)
-            return
-        if self.task is asyncio.current_task():
-            self.timer = self.loop.call_later(self.interval, self._fire)
-
-    def stop(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.task is not None:
-            self.task.cancel()
-            self.task = None

@@ -95,6 +95,8 @@ StepOutcome = RunAgain | Finished
 class Loop:
     """Runs steps of turns over the injected model, tools, store, events and hooks."""
 
+    __slots__ = ("catalog", "clock", "events", "hooks", "model", "observer", "store", "tools")
+
     def __init__(
         self,
         *,

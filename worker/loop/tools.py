@@ -81,6 +81,8 @@ class ToolPhase(NamedTuple):
 
 
 class ToolRunner:
+    __slots__ = ("caller", "clock", "emit", "hooks", "observer")
+
     def __init__(
         self,
         *,

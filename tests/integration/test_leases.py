@@ -1,0 +1,63 @@
+"""The lease keeper against real Redis: a held lease outlives its TTL, a dropped one expires,
+a lost one is let go."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from redis.asyncio import Redis
+
+from contracts import keys
+from worker.leases import LeaseKeeper
+from worker.store import RedisStore, SessionHandle
+
+TTL_S = 0.3
+
+
+async def take(store: RedisStore, session_id: str) -> SessionHandle:
+    lease = await store.lease(session_id)
+    assert lease is not None
+    return store.handle(lease)
+
+
+async def test_a_held_lease_outlives_its_ttl_and_a_dropped_one_expires(
+    redis: Redis, uid: str
+) -> None:
+    store = RedisStore(redis, lease_ttl_s=TTL_S)
+    keeper = LeaseKeeper(store)
+    held = await take(store, f"s-{uid}")
+    dropped = await take(store, f"s-{uid}-2")
+    keeper.hold(held)
+    keeper.hold(dropped)
+    keeper.drop(dropped)
+
+    await asyncio.sleep(TTL_S * 4)
+
+    token = await redis.get(keys.session_lease(f"s-{uid}"))
+    assert token is not None and int(token) == held.lease.token
+    assert await redis.get(keys.session_lease(f"s-{uid}-2")) is None
+    assert await store.lease(f"s-{uid}") is None, "another worker got a lease still held"
+    keeper.drop(held)
+    await asyncio.sleep(TTL_S * 1.5)
+    assert await redis.get(keys.session_lease(f"s-{uid}")) is None
+
+
+async def test_a_lost_lease_is_logged_and_no_longer_renewed(
+    redis: Redis, uid: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = RedisStore(redis, lease_ttl_s=TTL_S)
+    keeper = LeaseKeeper(store)
+    handle = await take(store, f"s-{uid}")
+    keeper.hold(handle)
+    await redis.delete(keys.session_lease(f"s-{uid}"))
+    other = await take(store, f"s-{uid}")  # another worker's lease now
+
+    with caplog.at_level(logging.WARNING, logger="loopwire.leases"):
+        await asyncio.sleep(TTL_S * 2)
+
+    assert f"lost the lease of session s-{uid}" in caplog.text
+    assert handle not in keeper.held
+    token = await redis.get(keys.session_lease(f"s-{uid}"))
+    assert token is None or int(token) == other.lease.token

@@ -1,0 +1,71 @@
+"""Keeps the session leases of the steps in progress: one timer for the whole worker.
+
+A step takes its session's lease (TTL ``lease_ttl_s``) and must keep it while it runs, however
+long the model thinks. Most steps end long before a renewal is due, so a timer per step would
+be set and cancelled for nothing (and held, with its handle and context, by every turn in
+flight). Here a step registers its ``SessionHandle`` (``hold``) and drops it when done; one
+timer ticks every sixth of the TTL while any is held and renews, concurrently, each lease held
+for a third of its TTL or more since it was taken or last renewed — so no lease goes longer than
+half its TTL without a renewal. A renewal that fails (Redis briefly away) is tried again at the
+next tick; a lease found lost is logged and no longer renewed (the step's next save fails with
+``StaleStateError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from worker.store import RedisStore, SessionHandle
+
+log = logging.getLogger("loopwire.leases")
+
+
+class LeaseKeeper:
+    __slots__ = ("_renewals", "_timer", "held", "interval", "store")
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.interval = store.lease_ms / 3000
+        """A lease held this long (a third of its TTL, in seconds) is due for renewal."""
+        self.held: dict[SessionHandle, float] = {}
+        """Every handle held, with the loop time its lease was taken or last renewed."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._renewals: set[asyncio.Task[None]] = set()
+
+    def hold(self, handle: SessionHandle) -> None:
+        loop = asyncio.get_running_loop()
+        self.held[handle] = loop.time()
+        if self._timer is None:
+            self._timer = loop.call_later(self.interval / 2, self._tick)
+
+    def drop(self, handle: SessionHandle) -> None:
+        self.held.pop(handle, None)
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = [h for h, since in self.held.items() if now - since >= self.interval]
+        if due:
+            task = loop.create_task(self._renew(due))
+            self._renewals.add(task)
+            task.add_done_callback(self._renewals.discard)
+        self._timer = loop.call_later(self.interval / 2, self._tick) if self.held else None
+
+    async def _renew(self, due: list[SessionHandle]) -> None:
+        await asyncio.gather(*(self._renew_one(handle) for handle in due))
+
+    async def _renew_one(self, handle: SessionHandle) -> None:
+        lease = handle.lease
+        try:
+            renewed = await self.store.renew(lease)
+        except Exception as exc:
+            log.warning("could not renew the lease of session %s: %s", lease.session_id, exc)
+            return  # tried again at the next tick
+        if handle not in self.held or handle.released:
+            return  # the step ended meanwhile
+        if renewed:
+            self.held[handle] = asyncio.get_running_loop().time()
+        else:
+            log.warning("lost the lease of session %s", lease.session_id)
+            self.held.pop(handle, None)
