@@ -197,6 +197,10 @@ class Driver:
         self.done = self.started = 0
         self.open.clear()
         self.feeding = False
+        if os.environ.get("LW_BENCH_TRACEMALLOC"):  # the census the one at the end is set against
+            for w in target.workers:
+                os.kill(w.pid, signal.SIGUSR1)
+            await asyncio.sleep(30)
         for _ in range(sessions):
             self._launch()
         deadline = time.monotonic() + timeout_s
