@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import time
 from collections import Counter
@@ -1481,4 +1482,52 @@ async def test_turn_past_its_deadline_is_cancelled_before_the_next_step(
     assert finished.result.finish_reason == "cancelled"
     assert finished.result.content == "working on it"
     assert len(scripted_model.requests) == 1
+    assert_transcript(rig.history())
+
+
+class CopyingStore(MemoryStore):
+    """A store whose saves hand back a copy: the loop's state objects are its own, as with
+    the Redis store."""
+
+    async def save(self, state: AgentState, **kwargs: Any) -> AgentState:
+        return (await super().save(state, **kwargs)).model_copy()
+
+
+@pytest.mark.parametrize("steps_before", [0, 2])
+async def test_while_the_model_thinks_the_loop_holds_no_state_objects(
+    scripted_model: ScriptedModel, make_model: MakeModel, steps_before: int
+) -> None:
+    """Thousands of turns wait for the model at once: the state is kept as bytes meanwhile."""
+    rig = build(make_model(), {"lookup": echo}, store=CopyingStore())
+    agent = profile()
+    held: list[int] = []
+
+    def count_states(_request: dict[str, Any]) -> None:
+        gc.collect()  # garbage is not held
+        stored = {id(s) for s in rig.store.states.values()}
+        held.append(
+            sum(
+                type(o) is AgentState
+                and id(o) not in stored
+                and o.execution is not None
+                and o.execution.turn_id == "t-parked"
+                for o in gc.get_objects()
+            )
+        )
+
+    for n in range(steps_before):
+        scripted_model.expect(Reply.tool_calls(call("lookup", f"c{n}", result=n)))
+    scripted_model.expect(Reply.text("done"), check=count_states)
+    state = await rig.store.save(new_execution(None, turn(turn_id="t-parked"), agent, time.time()))
+    for _ in range(steps_before):
+        outcome = await rig.loop.step(state, agent)
+        assert isinstance(outcome, RunAgain)
+        state = outcome.state
+        del outcome
+    stepping = rig.loop.step(state, agent)
+    del state
+    finished = await stepping
+    assert isinstance(finished, Finished)
+    assert finished.result.content == "done"
+    assert held == [0]
     assert_transcript(rig.history())

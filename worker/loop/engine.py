@@ -44,6 +44,7 @@ from contracts.state import (
     AgentStep,
     PendingStep,
     StepExecution,
+    StopSignal,
     ToolExecution,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
@@ -60,6 +61,7 @@ from worker.loop.interfaces import (
     observe,
 )
 from worker.loop.records import (
+    Parked,
     closed,
     new_execution,
     turn_of,
@@ -132,7 +134,9 @@ class Loop:
         if deadline is not None and self.clock() > deadline and ex.pending is None:
             return await self._finish(state, profile, "cancelled", ex.last_content)
         if ex.pending is None:
-            outcome = await self._call_model(state, profile)
+            calling = self._call_model(state, profile)
+            del state, ex  # the call holds the state as bytes while the model thinks
+            outcome = await calling
             if isinstance(outcome, Finished):
                 return outcome
             state = outcome.state
@@ -181,22 +185,31 @@ class Loop:
             stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self._finish(stopped, profile, "stop", ex.last_content)
         started = self.clock()
-        reload = partial(compile_messages, self.store, self.hooks, state, profile, ctx)
-        messages = await reload()
+        messages = await compile_messages(self.store, self.hooks, state, profile, ctx)
         offered = [d for d in await self.catalog.available() if profile.allows(d.name)]
+        # While the model thinks only the adapter holds the history, and the state is held as
+        # bytes (``Parked``): nothing here keeps the objects of either.
+        parked, stop = Parked(state), ctx.stop_signal
+        reload = partial(self._compile_again, parked, profile, index, stop)
         request = model_request(state, profile, messages, offered, reload)
-        model_name, input_count = request.model, len(messages)
+        model_name, input_count, turn_id = request.model, len(messages), ex.turn_id
+        names = tuple(d.name for d in offered)
         call = self.model.complete(request)
-        del request, messages  # while the model thinks only the adapter holds the history
+        del request, messages, offered, state, ex, ctx
         called = self.clock()
         try:
             response = await call
         except ModelError as exc:
             observe(self.observer.model_failed, model_name, exc.code, self.clock() - called)
-            log.warning("model call failed for turn %s: %s", ex.turn_id, exc)
+            log.warning("model call failed for turn %s: %s", turn_id, exc)
             error = TurnError(code=exc.code, message=str(exc)[:4000])
-            return await self._finish(state, profile, "error", ex.last_content, error=error)
+            state = parked.state()
+            last = turn_of(state).last_content
+            return await self._finish(state, profile, "error", last, error=error)
         observe(self.observer.model_called, model_name, response.usage, self.clock() - called)
+        state = parked.state()
+        ex = turn_of(state)
+        ctx = HookContext(state=state, profile=profile, step=index, stop_signal=stop)
         response = await self.hooks.after_model(ctx, response)
         response = unique_call_ids(response, ex, index)
         content = response.message.content
@@ -205,7 +218,7 @@ class Loop:
             started_at=started,
             input_count=input_count,
             response=response,
-            offered=tuple(d.name for d in offered),
+            offered=names,
         )
         state = with_execution(
             state,
@@ -215,6 +228,16 @@ class Loop:
             stop_signal=ex.stop_signal or ctx.stop_signal,
         )
         return RunAgain(await self._save(state, append=[response.message]))
+
+    async def _compile_again(
+        self, parked: Parked, profile: AgentProfile, index: int, stop: StopSignal | None
+    ) -> Sequence[ChatMessage]:
+        """The model request's messages built again (the adapter's retries), from the parked
+        state; a stop a hook asks for here is not taken (it asked already, or not, the first
+        time)."""
+        state = parked.state()
+        ctx = HookContext(state=state, profile=profile, step=index, stop_signal=stop)
+        return await compile_messages(self.store, self.hooks, state, profile, ctx)
 
     async def _complete_step(
         self, state: AgentState, profile: AgentProfile, unsaved: Sequence[ToolExecution] = ()
