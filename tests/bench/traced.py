@@ -86,14 +86,16 @@ def _census() -> dict[str, tuple[int, int]]:
 
 def _detail(obj: object) -> str:
     """What tells containers and coroutines apart: a coroutine's function, the size of a set,
-    the type of a list's first item, a dict's first key."""
-    if isinstance(obj, types.CoroutineType):
+    the type of a list's first item, a dict's first key. Exact types only: ``isinstance`` would
+    read ``__class__``, which makes the ``openai`` client's lazy proxies import their modules."""
+    kind = type(obj)  # isinstance below only once the exact type matched
+    if kind is types.CoroutineType and isinstance(obj, types.CoroutineType):
         return f" {obj.cr_code.co_qualname}"
-    if isinstance(obj, set):
+    if kind is set and isinstance(obj, set):
         return f" len={len(obj)}"
-    if isinstance(obj, list):
+    if kind is list and isinstance(obj, list):
         return f" of {type(obj[0]).__qualname__}" if obj else " empty"
-    if isinstance(obj, dict) and type(obj) is dict:
+    if kind is dict and isinstance(obj, dict):
         return f" [{next(iter(obj), '')!s:.40}]"
     return ""
 
