@@ -26,6 +26,7 @@ from worker.broker_gate import BrokerGate
 from worker.catalog import RegistryCatalog
 from worker.consumer import Consumer
 from worker.events import AmqpEventSink
+from worker.heap import HeapTrimmer, malloc_trim
 from worker.http import HealthServer
 from worker.loop import Hook, Hooks, Loop
 from worker.metrics import CountingSink, WorkerMetrics, build_info
@@ -123,6 +124,7 @@ class Worker:
         gate.watch(connection)
         client = openai_client(s)
         health: HealthServer | None = None
+        background: set[asyncio.Task[None]] = set()
         try:
             consume_channel = await connection.channel(publisher_confirms=False)
             await consume_channel.set_qos(prefetch_count=s.prefetch)
@@ -199,6 +201,15 @@ class Worker:
                     port=s.http_port,
                 )
                 await health.start()
+            trim = malloc_trim() if s.heap_trim_s > 0 else None
+            if trim is not None:
+                trimmer = HeapTrimmer(
+                    trim,
+                    s.heap_trim_s,
+                    handled=lambda: consumer.handled,
+                    in_flight=lambda: len(self.in_flight),
+                )
+                background.add(asyncio.create_task(trimmer.run()))
             tag = await queue.consume(consumer.handle)
             self.consuming = True
             log.info("worker consuming %s (prefetch %d)", t.TURNS_QUEUE, s.prefetch)
@@ -210,6 +221,8 @@ class Worker:
             self.consuming = False
             await self._drain(s.grace_s)
         finally:
+            for task in background:
+                task.cancel()
             if health is not None:
                 await health.stop()
             await client.close()

@@ -82,6 +82,8 @@ class Consumer:
         """Set while every channel of the broker connection is open (see ``BrokerGate``)."""
         self.in_flight = in_flight if in_flight is not None else set()
         """The tasks handling a message right now (a worker stopping waits for them)."""
+        self.handled = 0
+        """Messages taken so far."""
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Handle one work message; every path ends in exactly one ack, or in the message
@@ -89,6 +91,7 @@ class Consumer:
         task = asyncio.current_task()
         assert task is not None
         self.in_flight.add(task)
+        self.handled += 1
         try:
             if not self.broker_up.is_set():
                 await self.broker_up.wait()

@@ -74,6 +74,12 @@ class Settings(BaseSettings):
         default="uvloop",
         description="The worker's event loop: uvloop, or the standard asyncio loop.",
     )
+    heap_trim_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Give the C heap's free pages back to the OS this often while work runs "
+        "(glibc's malloc_trim; 0: never).",
+    )
     log_level: str = Field(default="INFO", description="Logging level of the worker process.")
     http_port: int = Field(
         default=9464, ge=0, le=65535, description="Port of /metrics, /livez, /readyz (0: off)."
