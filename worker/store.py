@@ -2,8 +2,8 @@
 
 Layout (keys from ``contracts.keys``, all under the session's hash tag):
 
-- ``state``: hash ``{v: version, s: msgpack AgentState}`` (fields at their defaults left out,
-  ``encode_stored``);
+- ``state``: hash ``{v: version, s: AgentState}``, JSON without the fields at their defaults
+  (``encode_stored``; msgpack written by earlier versions is still read);
 - ``history``: list of msgpack messages (append-only), ``turn:<id>:messages``
   the same for a ``persist: false`` turn;
 - ``lease`` / ``fence``: the fencing token of the worker running a step, and
@@ -38,7 +38,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import keys
-from contracts.codec import decode, decode_stored, encode, encode_stored, validate
+from contracts.codec import decode, encode, encode_stored, read_stored
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
@@ -204,10 +204,9 @@ class RedisStore:
             return None
         state = None
         if reply[2]:
-            data = decode_stored(_bytes(reply[2]))
-            if isinstance(data, dict) and reply[1] is not None:
-                data["version"] = int(reply[1])  # the version lives beside the blob
-            state = validate(data, AgentState)
+            state = read_stored(_bytes(reply[2]), AgentState)
+            if reply[1] is not None:  # the version lives beside the blob
+                state = state.model_copy(update={"version": int(reply[1])})
         return Lease(session_id, int(reply[0]), state, [_bytes(reply[3])])
 
     async def renew(self, lease: Lease) -> bool:

@@ -8,6 +8,7 @@ may make the decoder allocate what the header claims.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import struct
 import tracemalloc
@@ -27,6 +28,8 @@ from contracts.codec import (
     decode,
     decode_obj,
     encode,
+    encode_stored,
+    read_stored,
 )
 from contracts.events import (
     EVENT_TYPES,
@@ -822,3 +825,25 @@ def test_encoding_is_plain_msgpack() -> None:
     plain = msgpack.unpackb(data, raw=False, max_bin_len=0, max_ext_len=0)
     assert plain["session_id"] == "S1"
     assert plain["execution"]["request"]["input"][0]["content"] == "Where is my order?"
+
+
+def test_state_at_rest_is_json_without_defaults_and_reads_back_whole() -> None:
+    state = agent_state()
+    stored = encode_stored(state)
+    data = json.loads(stored)
+    assert data["schema_version"] == 1, "the version is written, default or not"
+    assert "truncated" not in data["execution"]["pending"]["results"][0], "defaults are not"
+    assert data["execution"]["steps"][0]["step"]["response"]["usage"] == USAGE.model_dump()
+    assert read_stored(stored, AgentState) == state
+    assert len(stored) < len(encode(state))
+
+
+def test_state_written_as_msgpack_by_an_earlier_version_still_reads() -> None:
+    state = agent_state()
+    assert read_stored(encode(state), AgentState) == state
+
+
+def test_a_stored_state_that_does_not_validate_is_a_decode_error() -> None:
+    with pytest.raises(DecodeError) as caught:
+        read_stored(b'{"session_id": "S1"}', AgentState)
+    assert caught.value.code == "schema"
