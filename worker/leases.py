@@ -7,7 +7,8 @@ flight). Here a step registers its ``SessionHandle`` (``hold``) and drops it whe
 timer ticks every sixth of the TTL while any is held and renews, concurrently, each lease held
 for a third of its TTL or more since it was taken or last renewed — so no lease goes longer than
 half its TTL without a renewal. A renewal that fails (Redis briefly away) is tried again at the
-next tick; a lease found lost is logged and no longer renewed (the step's next save fails with
+next tick (a renewal still in flight is not sent again); a lease found lost is logged and no
+longer renewed (the step's next save fails with
 ``StaleStateError``).
 """
 
@@ -22,7 +23,7 @@ log = logging.getLogger("loopwire.leases")
 
 
 class LeaseKeeper:
-    __slots__ = ("_renewals", "_timer", "held", "interval", "store")
+    __slots__ = ("_renewals", "_timer", "held", "interval", "renewing", "store")
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
@@ -30,6 +31,8 @@ class LeaseKeeper:
         """A lease held this long (a third of its TTL, in seconds) is due for renewal."""
         self.held: dict[SessionHandle, float] = {}
         """Every handle held, with the loop time its lease was taken or last renewed."""
+        self.renewing: set[SessionHandle] = set()
+        """Handles with a renewal in flight (Redis slow): not sent again on top of it."""
         self._timer: asyncio.TimerHandle | None = None
         self._renewals: set[asyncio.Task[None]] = set()
 
@@ -45,7 +48,12 @@ class LeaseKeeper:
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        due = [h for h, since in self.held.items() if now - since >= self.interval]
+        due = [
+            h
+            for h, since in self.held.items()
+            if now - since >= self.interval and h not in self.renewing
+        ]
+        self.renewing.update(due)
         if due:
             task = loop.create_task(self._renew(due))
             self._renewals.add(task)
@@ -62,6 +70,8 @@ class LeaseKeeper:
         except Exception as exc:
             log.warning("could not renew the lease of session %s: %s", lease.session_id, exc)
             return  # tried again at the next tick
+        finally:
+            self.renewing.discard(handle)
         if handle not in self.held or handle.released:
             return  # the step ended meanwhile
         if renewed:

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from contracts import keys
 from worker.leases import LeaseKeeper
-from worker.store import RedisStore, SessionHandle
+from worker.store import Lease, RedisStore, SessionHandle
 
 TTL_S = 0.3
 
@@ -61,3 +61,36 @@ async def test_a_lost_lease_is_logged_and_no_longer_renewed(
     assert handle not in keeper.held
     token = await redis.get(keys.session_lease(f"s-{uid}"))
     assert token is None or int(token) == other.lease.token
+
+
+SLOW_TTL_S = 1.2
+
+
+class SlowRenewals(RedisStore):
+    """Redis answering renewals slowly (a quarter of the TTL: longer than the keeper's tick,
+    well within the lease): counts how many renewals of one lease run at once."""
+
+    def __init__(self, redis: Redis) -> None:
+        super().__init__(redis, lease_ttl_s=SLOW_TTL_S)
+        self.running = self.most = 0
+
+    async def renew(self, lease: Lease) -> bool:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(SLOW_TTL_S / 4)
+            return await super().renew(lease)
+        finally:
+            self.running -= 1
+
+
+async def test_a_slow_renewal_is_not_sent_again_on_top_of_itself(redis: Redis, uid: str) -> None:
+    store = SlowRenewals(redis)
+    keeper = LeaseKeeper(store)
+    handle = await take(store, f"s-{uid}")
+    keeper.hold(handle)
+    await asyncio.sleep(SLOW_TTL_S * 2.5)
+    keeper.drop(handle)
+    assert store.most == 1
+    token = await redis.get(keys.session_lease(f"s-{uid}"))
+    assert token is not None and int(token) == handle.lease.token
