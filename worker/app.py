@@ -148,6 +148,7 @@ class Worker:
                 lease_ttl_s=s.lease_ttl_s,
                 ttl_s=s.state_ttl_s,
                 timed=self.metrics.store_timer,
+                state_format=s.state_format,
             )
 
             def loop_factory(handle: SessionHandle, profile: AgentProfile) -> Loop:
@@ -223,6 +224,8 @@ class Worker:
         finally:
             for task in background:
                 task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if health is not None:
                 await health.stop()
             await client.close()

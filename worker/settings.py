@@ -74,6 +74,11 @@ class Settings(BaseSettings):
         default="uvloop",
         description="The worker's event loop: uvloop, or the standard asyncio loop.",
     )
+    state_format: Literal["json", "msgpack"] = Field(
+        default="json",
+        description="How session state is written to Redis (both are read): json, or msgpack "
+        "as earlier versions wrote it, while workers of those versions still run.",
+    )
     heap_trim_s: float = Field(
         default=1.0,
         ge=0,

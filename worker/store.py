@@ -3,7 +3,8 @@
 Layout (keys from ``contracts.keys``, all under the session's hash tag):
 
 - ``state``: hash ``{v: version, s: AgentState}``, JSON without the fields at their defaults
-  (``encode_stored``; msgpack written by earlier versions is still read);
+  (``encode_stored``); msgpack, as earlier versions wrote it, is read too, and written with
+  ``state_format="msgpack"`` while workers of those versions still run;
 - ``history``: list of msgpack messages (append-only), ``turn:<id>:messages``
   the same for a ``persist: false`` turn;
 - ``lease`` / ``fence``: the fencing token of the worker running a step, and
@@ -31,7 +32,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgpack
 from redis.asyncio import Redis
@@ -114,6 +115,7 @@ return {'queued', tostring(len - 1)}
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
 Timed = Callable[[str], AbstractContextManager[object]]
+StateFormat = Literal["json", "msgpack"]
 """Wraps one store operation by name (``accept``, ``lease``, ``save`` …), e.g. to time it."""
 
 
@@ -152,9 +154,13 @@ class RedisStore:
         lease_ttl_s: float = 15.0,
         ttl_s: int = DEFAULT_TTL_S,
         timed: Timed = _untimed,
+        state_format: StateFormat = "json",
     ) -> None:
         self.redis = redis
         self.timed = timed
+        self.state_format = state_format
+        """How states are written (both are read): ``json``, or ``msgpack`` as versions before
+        this one wrote it and read only it — for a rolling upgrade from them."""
         self.lease_ms = int(lease_ttl_s * 1000)
         self.ttl_s = ttl_s
         self._begin = redis.register_script(_BEGIN)
@@ -240,6 +246,11 @@ class RedisStore:
         items = await self.redis.lrange(keys.session_history(session_id), 0, -1)
         return list(StoredMessages(_unpack(items)))
 
+    def encode_state(self, state: AgentState) -> bytes:
+        if self.state_format == "msgpack":
+            return encode(state.model_copy(update={"version": 0}))  # as earlier versions wrote it
+        return encode_stored(state, exclude={"version"})  # the version lives beside the blob
+
     def handle(self, lease: Lease) -> SessionHandle:
         return SessionHandle(self, lease)
 
@@ -304,7 +315,7 @@ class SessionHandle:
         args: list[Any] = [
             self.lease.token,
             state.version,
-            encode_stored(state, exclude={"version"}),  # the version lives beside the blob
+            self.store.encode_state(state),
             "1" if release else "0",
             self.store.ttl_s,
             encode(result) if result is not None else "",

@@ -1,0 +1,40 @@
+"""Session state at rest: written as JSON, or as msgpack for a rolling upgrade from workers that
+read only msgpack; either is read."""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import pytest
+from redis.asyncio import Redis
+
+from contracts import keys
+from contracts.state import AgentState
+from worker.store import RedisStore, StateFormat
+
+
+@pytest.mark.parametrize(("written", "first_byte"), [("json", b"{"), ("msgpack", None)])
+async def test_state_written_in_either_format_is_read_by_a_worker_writing_the_other(
+    redis: Redis, uid: str, written: StateFormat, first_byte: bytes | None
+) -> None:
+    session = f"s-{uid}"
+    writer = RedisStore(redis, state_format=written)
+    lease = await writer.lease(session)
+    assert lease is not None and lease.state is None
+    now = time.time()
+    state = AgentState(session_id=session, agent="support", created_at=now, updated_at=now)
+    saved = await writer.handle(lease).save(state, release=True)
+
+    blob = await redis.hget(keys.session_state(session), "s")
+    assert blob is not None
+    if first_byte is not None:
+        assert blob[:1] == first_byte
+    else:
+        assert msgpack.unpackb(blob)["session_id"] == session  # what earlier versions read
+
+    reader = RedisStore(redis, state_format="msgpack" if written == "json" else "json")
+    again = await reader.lease(session)
+    assert again is not None
+    assert again.state == saved
+    await reader.release(again)
