@@ -49,7 +49,7 @@ def encode_stored(model: BaseModel, *, exclude: set[str] | None = None) -> bytes
         model, exclude=exclude, exclude_defaults=True
     )
     version = getattr(model, "schema_version", None)
-    if isinstance(version, int):
+    if isinstance(version, int) and not data.startswith(b'{"schema_version"'):
         rest = data[1:] if data == b"{}" else b"," + data[1:]
         data = b'{"schema_version":%d' % version + rest
     return data

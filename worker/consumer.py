@@ -195,6 +195,7 @@ class Consumer:
         await self.publisher.publish(
             encode(work),
             routing_key=t.TURNS_QUEUE,
+            mandatory=True,
             properties=properties(
                 content_type=t.CONTENT_TYPE,
                 delivery_mode=PERSISTENT,
@@ -218,6 +219,7 @@ class Consumer:
         await self.publisher.publish(
             message.body,
             routing_key=t.RETRY_QUEUE,
+            mandatory=True,
             properties=properties(
                 content_type=message.content_type,
                 delivery_mode=PERSISTENT,
