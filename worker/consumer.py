@@ -44,7 +44,7 @@ from worker import failpoints
 from worker.errors import PermanentError, RetryableError
 from worker.loop import EventSink
 from worker.metrics import WorkerMetrics
-from worker.publish import NOT_PERSISTENT, PERSISTENT, ConfirmedPublisher, properties
+from worker.publish import ConfirmedPublisher, properties
 from worker.turns import Action, Busy, Drop, Reply, Step, TurnWork
 
 log = logging.getLogger("loopwire.consumer")
@@ -179,7 +179,7 @@ class Consumer:
                     routing_key=action.reply_to,
                     properties=properties(
                         content_type=t.CONTENT_TYPE,
-                        delivery_mode=NOT_PERSISTENT,
+                        delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
                         correlation_id=action.result.turn_id,
                         message_type="turn.result",
                     ),
@@ -198,7 +198,7 @@ class Consumer:
             mandatory=True,
             properties=properties(
                 content_type=t.CONTENT_TYPE,
-                delivery_mode=PERSISTENT,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 headers={t.H_KIND: t.KIND_STEP},
                 message_id=f"{work.turn_id}:{work.step}",
             ),
@@ -222,7 +222,7 @@ class Consumer:
             mandatory=True,
             properties=properties(
                 content_type=message.content_type,
-                delivery_mode=PERSISTENT,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 headers={**headers, t.H_ATTEMPT: attempt},
                 message_id=message.message_id,
                 correlation_id=message.correlation_id,

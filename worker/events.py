@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 
+from aio_pika import DeliveryMode
+
 from contracts.codec import encode
 from contracts.events import Event
 from contracts.topology import CONTENT_TYPE
-from worker.publish import NOT_PERSISTENT, ConfirmedPublisher, properties
+from worker.publish import ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.events")
 
@@ -24,7 +26,7 @@ class AmqpEventSink:
             routing_key=event.routing_key,
             properties=properties(
                 content_type=CONTENT_TYPE,
-                delivery_mode=NOT_PERSISTENT,
+                delivery_mode=DeliveryMode.NOT_PERSISTENT,
                 headers=event.headers(),
                 message_id=event.id,
                 message_type=event.type,

@@ -23,18 +23,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiormq
+from aio_pika import DeliveryMode
 from aio_pika.abc import AbstractChannel
 from aiormq import spec
 from aiormq.exceptions import ChannelInvalidStateError
-
-PERSISTENT = 2
-NOT_PERSISTENT = 1
 
 
 def properties(
     *,
     content_type: str | None,
-    delivery_mode: int,
+    delivery_mode: DeliveryMode,
     headers: dict[str, Any] | None = None,
     message_id: str | None = None,
     correlation_id: str | None = None,

@@ -34,7 +34,7 @@ from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
 from worker import failpoints
 from worker.errors import RetryableError, ToolCallError
 from worker.loop.interfaces import ToolUnavailableError
-from worker.publish import PERSISTENT, ConfirmedPublisher, properties
+from worker.publish import ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.rpc")
 
@@ -84,7 +84,7 @@ class ToolRPC:
         body = encode(request)
         props = properties(
             content_type=CONTENT_TYPE,
-            delivery_mode=PERSISTENT,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             headers={H_IDEMPOTENCY_KEY: key},
             message_id=f"{key}:{uuid.uuid4().hex[:8]}",
             correlation_id=request.call_id,

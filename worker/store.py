@@ -115,8 +115,8 @@ return {'queued', tostring(len - 1)}
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
 Timed = Callable[[str], AbstractContextManager[object]]
-StateFormat = Literal["json", "msgpack"]
 """Wraps one store operation by name (``accept``, ``lease``, ``save`` …), e.g. to time it."""
+StateFormat = Literal["json", "msgpack"]
 
 
 def _untimed(_operation: str) -> AbstractContextManager[object]:

@@ -36,7 +36,6 @@ from contracts.events import (
     TurnFinished,
     TurnStarted,
     finish_event_type,
-    make_event,
 )
 from contracts.messages import ChatMessage, Usage
 from contracts.state import (
@@ -49,6 +48,7 @@ from contracts.state import (
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from worker.errors import ModelError
+from worker.loop.announce import announce
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext
 from worker.loop.interfaces import (
@@ -388,22 +388,6 @@ class Loop:
         step: int | None = None,
         call_id: str = "",
     ) -> None:
-        ex = state.execution
-        turn_id = (
-            ex.turn_id if ex else (data.result.turn_id if isinstance(data, TurnFinished) else None)
+        await announce(
+            self.events, self.clock(), event_type, data, state, step=step, call_id=call_id
         )
-        agent = ex.request.agent if ex else state.agent
-        event = make_event(
-            event_type,
-            data,
-            agent=agent,
-            time=self.clock(),
-            turn_id=turn_id,
-            session_id=state.session_id,
-            step=step,
-            call_id=call_id,
-        )
-        try:
-            await self.events.emit(event)
-        except Exception:
-            log.exception("could not publish %s for turn %s", event_type, turn_id)

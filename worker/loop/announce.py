@@ -1,0 +1,44 @@
+"""What the loop announces: a lifecycle event about a turn, built from the state it is in.
+
+Events only observe: a publish that fails is logged and the turn goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from contracts.events import EventData, EventType, TurnFinished, make_event
+from contracts.state import AgentState
+from worker.loop.interfaces import EventSink
+
+log = logging.getLogger("loopwire.loop")
+
+
+async def announce(
+    events: EventSink,
+    now: float,
+    event_type: EventType,
+    data: EventData,
+    state: AgentState,
+    *,
+    step: int | None = None,
+    call_id: str = "",
+) -> None:
+    ex = state.execution
+    turn_id = (
+        ex.turn_id if ex else (data.result.turn_id if isinstance(data, TurnFinished) else None)
+    )
+    event = make_event(
+        event_type,
+        data,
+        agent=ex.request.agent if ex else state.agent,
+        time=now,
+        turn_id=turn_id,
+        session_id=state.session_id,
+        step=step,
+        call_id=call_id,
+    )
+    try:
+        await events.emit(event)
+    except Exception:
+        log.exception("could not publish %s for turn %s", event_type, turn_id)
