@@ -11,6 +11,7 @@ consumer can drop the duplicate. The routing key is
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from datetime import UTC, datetime
 from typing import Literal
@@ -37,6 +38,7 @@ EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-def
 EVENT_SOURCE = "/loopwire/worker"
 UNKNOWN = "_unknown"
 _NAMESPACE = uuid.UUID("5d0c0b8e-7a51-4f43-9d1e-6c1f1f0f7a11")
+_NAMESPACE_BYTES = _NAMESPACE.bytes
 
 
 class TurnAccepted(Contract):
@@ -139,7 +141,16 @@ def event_id(
 ) -> str:
     """The deterministic id of an event: the same occurrence always gets the same id."""
     key = f"{event_type}/{turn_id or UNKNOWN}/{'' if step is None else step}/{call_id}"
-    return str(uuid.uuid5(_NAMESPACE, key))
+    return _uuid5(key)
+
+
+def _uuid5(name: str) -> str:
+    """``str(uuid.uuid5(_NAMESPACE, name))`` without building a ``UUID`` (a third of the cost
+    of an event on the step's path): the SHA-1 of namespace and name, version and variant bits
+    set, in the 8-4-4-4-12 form."""
+    h = hashlib.sha1(_NAMESPACE_BYTES + name.encode(), usedforsecurity=False).hexdigest()
+    variant = "89ab"[int(h[16], 16) & 0x3]
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"
 
 
 def make_event(

@@ -317,6 +317,18 @@ def test_event_id_is_deterministic() -> None:
     assert same.id == again.id == first, "re-publishing the same occurrence keeps the id"
 
 
+def test_event_id_is_the_uuid5_earlier_versions_gave() -> None:
+    # consumers drop duplicates by id: a step redone by a worker of another version must
+    # announce the same id
+    assert event_id("tool.invoked", "T1", 2, "call_1") == "4f8b6346-be99-5a68-86d7-a79e332af5e5"
+    assert event_id("turn.rejected", None) == "e0589ea4-fbce-5419-9ba3-e0c1c470f16a"
+    namespace = uuid.UUID("5d0c0b8e-7a51-4f43-9d1e-6c1f1f0f7a11")
+    for turn_id, step, call_id in [("T9", 0, ""), ("t-x", 41, "call_é€😀"), ("a", None, "~!")]:
+        key = f"step.completed/{turn_id}/{'' if step is None else step}/{call_id}"
+        expected = str(uuid.uuid5(namespace, key))
+        assert event_id("step.completed", turn_id, step, call_id) == expected
+
+
 def test_event_id_differs_per_occurrence() -> None:
     ids = {
         event_id("tool.invoked", "T1", 2, "call_1"),
