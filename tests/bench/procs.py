@@ -16,6 +16,8 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[2]
+_CHILD = Path(__file__).resolve().with_name("child.py")
+"""Runs every child so that it stops when this process dies (``tests/bench/child.py``)."""
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -39,7 +41,8 @@ def free_port() -> int:
 
 
 class Proc:
-    """A child process (``python -m <module>``) with its log in a temp file."""
+    """A child process (``python -m <module>``, stopped if the benchmark dies) with its log in a
+    temp file."""
 
     def __init__(
         self,
@@ -69,9 +72,11 @@ class Proc:
         elif self.traced:
             out = str(Path(os.environ["LW_BENCH_TRACEMALLOC"]) / self.name)
             args = ["-m", "tests.bench.traced", out, *args[1:]]
+        assert args[0] == "-m", args
+        command = [sys.executable, str(_CHILD), str(os.getpid()), *args[1:]]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, *args], env=self.env, cwd=self.cwd, stdout=log, stderr=log
+                command, env=self.env, cwd=self.cwd, stdout=log, stderr=log
             )
 
     def alive(self) -> bool:
