@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from contracts import topology as t
+from worker import collector
 from worker.broker_gate import BrokerGate
 from worker.catalog import RegistryCatalog
 from worker.consumer import Consumer
@@ -211,6 +212,7 @@ class Worker:
                     in_flight=lambda: len(self.in_flight),
                 )
                 background.add(asyncio.create_task(trimmer.run()))
+            collector.tune(s.gc_young_threshold)  # what was built so far lives as long as we do
             tag = await queue.consume(consumer.handle)
             self.consuming = True
             log.info("worker consuming %s (prefetch %d)", t.TURNS_QUEUE, s.prefetch)

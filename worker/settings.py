@@ -85,6 +85,13 @@ class Settings(BaseSettings):
         description="Give the C heap's free pages back to the OS this often while work runs "
         "(glibc's malloc_trim; 0: never).",
     )
+    gc_young_threshold: int = Field(
+        default=10_000,
+        ge=0,
+        description="Once started, freeze what startup built out of Python's garbage collector "
+        "and collect its young generation every this many allocations (Python's default: 700; "
+        "0: Python's defaults).",
+    )
     log_level: str = Field(default="INFO", description="Logging level of the worker process.")
     http_port: int = Field(
         default=9464, ge=0, le=65535, description="Port of /metrics, /livez, /readyz (0: off)."
