@@ -346,15 +346,15 @@ class Loop:
         """Save mid-turn, counting appended messages into the turn and (when persisted) the
         session; ``release`` on the step's last write."""
         ex = turn_of(state)
+        changes: dict[str, object] = {"updated_at": self.clock()}
+        update: dict[str, object] = {}
         if append:
-            ex = ex.model_copy(update={"message_count": ex.message_count + len(append)})
-            grow = len(append) if ex.request.persist else 0
-            state = state.model_copy(
-                update={"execution": ex, "history_len": state.history_len + grow}
-            )
-        ex = ex.model_copy(update={"updated_at": self.clock()})
+            changes["message_count"] = ex.message_count + len(append)
+            if ex.request.persist:
+                update["history_len"] = state.history_len + len(append)
+        update["execution"] = ex.model_copy(update=changes)
         return await self.store.save(
-            state.model_copy(update={"execution": ex}), append=append, release=release
+            state.model_copy(update=update), append=append, release=release
         )
 
     async def _emit_step(
