@@ -32,6 +32,9 @@ class MemoryStore:
     async def load(self, session_id: str) -> AgentState | None:
         return self.states.get(session_id)
 
+    def stored(self, state: AgentState) -> bytes | None:
+        return None  # states are kept as objects
+
     async def load_messages(self, state: AgentState) -> list[ChatMessage]:
         history = self.histories.get(state.session_id, [])
         ex = state.execution

@@ -29,6 +29,7 @@ so a step costs three scripts: lease, model answer, step.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -142,6 +143,8 @@ class Lease:
     """The session history read with the lease, as chunks of a msgpack stream (one message after
     another, the script returns them as one string); the step's ``SessionHandle`` takes it over
     and empties it, so the raw bytes are not kept for the whole step."""
+    blob: bytes | None = None
+    """``state`` as stored (without its version)."""
 
 
 class RedisStore:
@@ -208,12 +211,13 @@ class RedisStore:
             )
         if not reply[0]:
             return None
-        state = None
+        state = blob = None
         if reply[2]:
-            state = read_stored(_bytes(reply[2]), AgentState)
+            blob = _bytes(reply[2])
+            state = read_stored(blob, AgentState)
             if reply[1] is not None:  # the version lives beside the blob
                 state = state.model_copy(update={"version": int(reply[1])})
-        return Lease(session_id, int(reply[0]), state, [_bytes(reply[3])])
+        return Lease(session_id, int(reply[0]), state, [_bytes(reply[3])], blob)
 
     async def renew(self, lease: Lease) -> bool:
         with self.timed("renew"):
@@ -258,12 +262,16 @@ class RedisStore:
 class SessionHandle:
     """``StateStore`` for one step under one lease; remembers the next queued turn on finish."""
 
-    __slots__ = ("_history", "_state", "lease", "next_turn", "released", "store")
+    __slots__ = ("_history", "_state", "_stored", "lease", "next_turn", "released", "store")
 
     def __init__(self, store: RedisStore, lease: Lease) -> None:
         self.store = store
-        self.lease = replace(lease, state=None)
+        self.lease = replace(lease, state=None, blob=None)
         self._state = lease.state
+        self._stored: tuple[weakref.ref[AgentState], bytes] | None = None
+        """The state last read or written and its bytes (``stored``); the state is not kept."""
+        if lease.state is not None and lease.blob is not None:
+            self._stored = (weakref.ref(lease.state), lease.blob)
         self.next_turn: str | None = None
         self.released = False
         """The lease was let go by a save (``release`` or a result): the step wrote its last."""
@@ -276,6 +284,10 @@ class SessionHandle:
         step made of it are the only ones kept."""
         state, self._state = self._state, None
         return state
+
+    def stored(self, state: AgentState) -> bytes | None:
+        held, self._stored = self._stored, None
+        return held[1] if held is not None and held[0]() is state else None
 
     async def load_messages(self, state: AgentState) -> StoredMessages:
         redis = self.store.redis
@@ -312,10 +324,11 @@ class SessionHandle:
         transient = ex is not None and not ex.request.persist
         target = keys.turn_transient(sid, turn_id) if transient else keys.session_history(sid)
         appended = [encode(m) for m in append]
+        blob = self.store.encode_state(state)
         args: list[Any] = [
             self.lease.token,
             state.version,
-            self.store.encode_state(state),
+            blob,
             "1" if release else "0",
             self.store.ttl_s,
             encode(result) if result is not None else "",
@@ -351,7 +364,9 @@ class SessionHandle:
             self.next_turn = head or None
             if transient:
                 await self.store.redis.delete(keys.turn_transient(sid, turn_id))
-        return state.model_copy(update={"version": int(version)})
+        saved = state.model_copy(update={"version": int(version)})
+        self._stored = (weakref.ref(saved), blob)
+        return saved
 
 
 def _failpoint_after_save(state: AgentState, append: Sequence[ChatMessage]) -> None:

@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 
 from contracts import keys
 from contracts.state import AgentState
+from worker.loop.records import Parked
 from worker.store import RedisStore, StateFormat
 
 
@@ -38,3 +39,35 @@ async def test_state_written_in_either_format_is_read_by_a_worker_writing_the_ot
     assert again is not None
     assert again.state == saved
     await reader.release(again)
+
+
+@pytest.mark.parametrize("state_format", ["json", "msgpack"])
+async def test_a_state_is_parked_as_the_bytes_the_store_read_or_wrote_for_it(
+    redis: Redis, uid: str, state_format: StateFormat
+) -> None:
+    session = f"s-{uid}"
+    store = RedisStore(redis, state_format=state_format)
+    lease = await store.lease(session)
+    assert lease is not None
+    handle = store.handle(lease)
+    now = time.time()
+    state = AgentState(session_id=session, agent="support", created_at=now, updated_at=now)
+    saved = await handle.save(state)
+    assert saved.version == 1
+    assert handle.stored(saved.model_copy()) is None, "only for the very object it returned"
+
+    saved = await handle.save(saved.model_copy(update={"history_len": 3}), release=True)
+    written = handle.stored(saved)
+    assert written == await redis.hget(keys.session_state(session), "s")
+    assert handle.stored(saved) is None, "handed out once"
+    assert Parked(saved, written).state() == saved  # the version (2) is put back
+
+    again = await store.lease(session)
+    assert again is not None
+    reader = store.handle(again)
+    read = reader.take_state()
+    assert read == saved
+    parked = Parked(read, reader.stored(read))
+    del read
+    assert parked.state() == saved
+    await store.release(again)

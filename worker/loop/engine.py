@@ -189,7 +189,7 @@ class Loop:
         offered = [d for d in await self.catalog.available() if profile.allows(d.name)]
         # While the model thinks only the adapter holds the history, and the state is held as
         # bytes (``Parked``): nothing here keeps the objects of either.
-        parked, stop = Parked(state), ctx.stop_signal
+        parked, stop = Parked(state, self.store.stored(state)), ctx.stop_signal
         reload = partial(self._compile_again, parked, profile, index, stop)
         request = model_request(state, profile, messages, offered, reload)
         model_name, input_count, turn_id = request.model, len(messages), ex.turn_id

@@ -70,6 +70,12 @@ class EventSink(Protocol):
 
 
 class StateStore(Protocol):
+    def stored(self, state: AgentState) -> bytes | None:
+        """The bytes this store last read or wrote for this very state object (not an equal
+        one), as ``contracts.codec.read_stored`` reads them, or ``None``: the loop holds a state
+        so while the model thinks instead of encoding it again. Handed out once."""
+        ...
+
     async def load_messages(self, state: AgentState) -> Sequence[ChatMessage]:
         """The conversation so far: session history before the turn plus this turn's messages
         (a ``worker.loop.transcript.StoredMessages`` spares building every message object)."""
