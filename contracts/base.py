@@ -50,6 +50,17 @@ class Contract(BaseModel):
     def model_post_init(self, context: Any, /) -> None:
         object.__setattr__(self, "__pydantic_fields_set__", _NOT_TRACKED)
 
+    def __eq__(self, other: object) -> bool:
+        """pydantic's comparison — the same class and the same field values — without its
+        general case: contracts have no private attributes, extras or generic parameters.
+        Writing a state at rest compares every sub-model with its default (``exclude_defaults``),
+        usually the shared default instance itself."""
+        if self is other:
+            return True
+        if type(other) is type(self):
+            return self.__dict__ == other.__dict__
+        return super().__eq__(other)
+
 
 def utf8_len_ok(value: str, limit: int) -> bool:
     """True when ``value`` encodes to at most ``limit`` bytes of UTF-8."""

@@ -430,3 +430,25 @@ def test_all_names_are_distinct() -> None:
     ]
     assert len(names) == len(set(names))
     assert all(name.startswith("loopwire.") for name in names)
+
+
+def test_contracts_are_equal_when_their_class_and_field_values_are() -> None:
+    class Other(Contract):
+        prompt_tokens: int = 0
+        completion_tokens: int = 0
+        total_tokens: int = 0
+
+    class Narrower(Usage):
+        pass
+
+    usage = Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)
+    assert usage == Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)
+    assert usage != Usage(prompt_tokens=3, completion_tokens=2, total_tokens=4)
+    assert usage != Other(prompt_tokens=3, completion_tokens=1, total_tokens=4)
+    assert Usage() != Narrower() and Narrower() != Usage()
+    assert usage != (3, 1, 4)
+    assert hash(usage) == hash(Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4))
+    nested = ChatMessage(role="user", content="hi")
+    assert (
+        nested == ChatMessage(role="user", content="hi") != ChatMessage(role="user", content="ho")
+    )
