@@ -32,7 +32,7 @@ from worker.http import HealthServer
 from worker.loop import Hook, Hooks, Loop
 from worker.metrics import CountingSink, WorkerMetrics, build_info
 from worker.model import OpenAIModel
-from worker.model_http import ModelHttpClient
+from worker.model_http import ModelClient, ModelHttpClient
 from worker.profiles import AgentProfile, AgentProfiles
 from worker.publish import ConfirmedPublisher
 from worker.redaction import REDACT
@@ -74,7 +74,7 @@ def hooks_for(profile: AgentProfile, redaction: Redaction | None = None) -> Hook
 
 def openai_client(settings: Settings) -> AsyncOpenAI:
     m = settings.model
-    return AsyncOpenAI(
+    return ModelClient(
         base_url=m.base_url,
         api_key=m.api_key.get_secret_value(),
         max_retries=m.max_retries,

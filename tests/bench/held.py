@@ -8,7 +8,7 @@ counted. One variant per process: memory one variant freed would otherwise be re
 next and hide its cost.
 
 - ``plain_aiohttp``: a bare aiohttp POST (the floor's model call);
-- ``openai_lean``: ``AsyncOpenAI.post`` of pre-encoded bytes on ``ModelHttpClient``, the
+- ``openai_lean``: ``ModelClient.post`` of pre-encoded bytes on ``ModelHttpClient``, the
   worker's client stack.
 """
 
@@ -25,13 +25,12 @@ from typing import Any
 
 import aiohttp
 import httpx2
-import openai
 import uvloop
 
 from tests.bench.micro import bench_request
 from tests.bench.procs import rss_bytes
 from worker.model import encode_body
-from worker.model_http import ModelHttpClient
+from worker.model_http import ModelClient, ModelHttpClient
 
 VARIANTS = ("plain_aiohttp", "openai_lean")
 HOLD_S = 120.0
@@ -52,7 +51,7 @@ async def measure(base_url: str, control: str, calls: int, variant: str) -> dict
     body = encode_body(bench_request(), "bench")
     url = base_url + "/chat/completions"
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    api = openai.AsyncOpenAI(
+    api = ModelClient(
         base_url=base_url,
         api_key="bench",
         max_retries=2,

@@ -26,7 +26,7 @@ from tests.bench.targets import ModelServer, chat_history
 from tests.bench.workload import AMQP_URL, SYSTEM_PROMPT, TOOL, tool_definition, turn_input
 from worker.loop.interfaces import ModelRequest
 from worker.model import OpenAIModel, build_body, encode_body
-from worker.model_http import ModelHttpClient
+from worker.model_http import ModelClient, ModelHttpClient
 from worker.rpc import ToolRPC
 
 Call = Callable[[], Awaitable[Any]]
@@ -57,7 +57,8 @@ def _client(base_url: str, transport: str, concurrency: int) -> AsyncOpenAI:
         http_client = openai.DefaultAioHttpClient(timeout=timeout, limits=limits)
     else:
         http_client = httpx2.AsyncClient(timeout=timeout, limits=limits)
-    return AsyncOpenAI(
+    client = ModelClient if transport == "lean" else AsyncOpenAI  # the lean pair: the worker's
+    return client(
         base_url=base_url, api_key="bench", max_retries=2, timeout=timeout, http_client=http_client
     )
 
@@ -107,7 +108,8 @@ ADAPTER_VARIANTS = (
   ``json.loads``, on httpx's transport / the client's aiohttp transport;
 - ``adapter_httpx`` / ``adapter_aiohttp``: ``worker.model.OpenAIModel.complete`` end to end
   (building the body from ``ChatMessage`` objects and parsing into ``ModelResponse``);
-- ``adapter_lean``: the same on ``worker.model_http.ModelHttpClient`` (what the worker uses);
+- ``adapter_lean``: the same on ``worker.model_http.ModelClient`` over ``ModelHttpClient``
+  (what the worker uses);
 - ``plain_aiohttp``: a bare aiohttp POST + ``json.loads`` (the floor's model call).
 """
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from worker.model_http import ModelHttpClient, ResendableBody
+from worker.model_http import ModelClient, ModelHttpClient, ResendableBody, _without_telemetry
 
 
 class Server:
@@ -245,3 +245,50 @@ async def test_a_resendable_body_takes_the_full_path_too(server: Server) -> None
     _path, headers, body = server.requests[0]
     assert (body, headers["Content-Length"]) == (BODY, str(len(BODY)))
     assert server.queries == ["api-version=2024-10-01"]
+
+
+async def test_the_model_client_builds_the_url_once_and_again_when_the_base_url_changes(
+    server: Server,
+) -> None:
+    api = ModelClient(
+        base_url=server.base_url,
+        api_key="secret-key",
+        max_retries=0,
+        http_client=ModelHttpClient(timeout=httpx2.Timeout(10, connect=5)),
+    )
+    try:
+        await post(api)
+        await post(api)
+        api.base_url = httpx2.URL(server.base_url.replace("/v1", "/v2"))
+        await post(api)
+        moved = await api.post("/embeddings", content=b"{}", cast_to=httpx2.Response)
+    finally:
+        await api.close()
+    assert moved.status_code == 200
+    paths = [path for path, _headers, _body in server.requests]
+    assert paths == [
+        "/v1/chat/completions",
+        "/v1/chat/completions",
+        "/v2/chat/completions",
+        "/v2/embeddings",
+    ]
+    assert server.requests[0][1]["Authorization"] == "Bearer secret-key"
+
+
+def test_telemetry_headers_are_dropped_however_the_headers_come() -> None:
+    pairs = [
+        ("Accept", "application/json"),
+        ("X-Stainless-Lang", "python"),
+        ("x-stainless-retry-count", "0"),
+        ("Authorization", "Bearer k"),
+    ]
+    expected = [("Accept", "application/json"), ("Authorization", "Bearer k")]
+    as_text = [(k.lower(), v) for k, v in expected]
+    assert _without_telemetry(pairs) == expected
+    assert [(k.lower(), v) for k, v in _without_telemetry(dict(pairs))] == as_text
+    assert [(k.lower(), v) for k, v in _without_telemetry(httpx2.Headers(pairs))] == as_text
+    assert _without_telemetry(None) == []
+    assert _without_telemetry([*pairs, ("content-length", "9")], length=12) == [
+        *expected,
+        ("Content-Length", "12"),
+    ]
