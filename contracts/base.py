@@ -9,7 +9,8 @@ smuggle a ``.``, ``*``, ``#``, ``{`` or a newline into them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from collections.abc import Mapping
+from typing import Annotated, Any, Final, Self
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
@@ -49,6 +50,23 @@ class Contract(BaseModel):
 
     def model_post_init(self, context: Any, /) -> None:
         object.__setattr__(self, "__pydantic_fields_set__", _NOT_TRACKED)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """pydantic's shallow copy — the updated values are not validated — without its general
+        case (``copy.copy`` of four attributes) and sharing the fields-set as construction does:
+        a step copies a dozen contracts. A deep copy, or a contract that keeps its fields-set,
+        goes through pydantic."""
+        if deep or self.__pydantic_fields_set__ is not _NOT_TRACKED:
+            return super().model_copy(update=update, deep=deep)
+        values = self.__dict__.copy()
+        if update:
+            values.update(update)
+        copied = object.__new__(type(self))
+        object.__setattr__(copied, "__dict__", values)
+        object.__setattr__(copied, "__pydantic_extra__", None)
+        object.__setattr__(copied, "__pydantic_fields_set__", _NOT_TRACKED)
+        object.__setattr__(copied, "__pydantic_private__", None)
+        return copied
 
     def __eq__(self, other: object) -> bool:
         """pydantic's comparison — the same class and the same field values — without its

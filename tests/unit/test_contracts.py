@@ -37,6 +37,7 @@ from contracts.messages import ChatMessage, Usage
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolDefinition, idempotency_key
 from contracts.turns import LimitOverrides, LoopLimits, TurnError, TurnRequest, TurnResult
+from worker.profiles import AgentProfile
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
 
@@ -452,3 +453,33 @@ def test_contracts_are_equal_when_their_class_and_field_values_are() -> None:
     assert (
         nested == ChatMessage(role="user", content="hi") != ChatMessage(role="user", content="ho")
     )
+
+
+def test_a_copied_contract_is_a_new_frozen_instance_with_the_updates() -> None:
+    original = ChatMessage(role="user", content="hi", name="ann")
+    copied = original.model_copy(update={"content": "ho"})
+    assert copied == ChatMessage(role="user", content="ho", name="ann")
+    assert original == ChatMessage(role="user", content="hi", name="ann"), "left as it was"
+    assert copied.__dict__ is not original.__dict__
+    assert original.model_copy() == original and original.model_copy() is not original
+    with pytest.raises(ValidationError):
+        copied.content = "changed"  # type: ignore[misc]
+    assert copied.model_fields_set == set(), "contracts keep no fields-set, copies neither"
+    assert copied.model_dump(exclude_defaults=True) == {
+        "role": "user",
+        "content": "ho",
+        "name": "ann",
+    }
+    assert hash(copied) == hash(ChatMessage(role="user", content="ho", name="ann"))
+    state = AgentState(session_id="s1", agent="support", created_at=1.0, updated_at=1.0)
+    deep = state.model_copy(update={"version": 2}, deep=True)
+    assert deep.version == 2 and deep.context == state.context and deep.context is not state.context
+
+
+def test_a_profile_copy_keeps_its_fields_set() -> None:
+    profile = AgentProfile(name="support", system_prompt="p")
+    assert profile.model_copy(update={"model": "m"}).model_fields_set == {
+        "name",
+        "system_prompt",
+        "model",
+    }
