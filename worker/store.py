@@ -269,8 +269,9 @@ class SessionHandle:
         self.lease = replace(lease, state=None, blob=None)
         self._state = lease.state
         self._stored: tuple[weakref.ref[AgentState], bytes] | None = None
-        """The state last read or written and its bytes (``stored``); the state is not kept."""
-        if lease.state is not None and lease.blob is not None:
+        """The state last read or written and its bytes (``stored``), kept only where the loop
+        asks the model next (no step pending); the state itself is not kept."""
+        if lease.state is not None and lease.blob is not None and _asks_model(lease.state):
             self._stored = (weakref.ref(lease.state), lease.blob)
         self.next_turn: str | None = None
         self.released = False
@@ -365,8 +366,16 @@ class SessionHandle:
             if transient:
                 await self.store.redis.delete(keys.turn_transient(sid, turn_id))
         saved = state.model_copy(update={"version": int(version)})
-        self._stored = (weakref.ref(saved), blob)
+        # kept for the model call that follows a turn's first save; after any other save the
+        # step waits on tools or is over, and the bytes would only be held longer
+        keep = not release and _asks_model(saved)
+        self._stored = (weakref.ref(saved), blob) if keep else None
         return saved
+
+
+def _asks_model(state: AgentState) -> bool:
+    ex = state.execution
+    return ex is not None and ex.pending is None
 
 
 def _failpoint_after_save(state: AgentState, append: Sequence[ChatMessage]) -> None:

@@ -10,8 +10,10 @@ import pytest
 from redis.asyncio import Redis
 
 from contracts import keys
-from contracts.state import AgentState
-from worker.loop.records import Parked
+from contracts.state import AgentState, PendingStep
+from contracts.turns import InputMessage, TurnRequest
+from worker.loop.records import Parked, new_execution
+from worker.profiles import AgentProfile
 from worker.store import RedisStore, StateFormat
 
 
@@ -50,24 +52,36 @@ async def test_a_state_is_parked_as_the_bytes_the_store_read_or_wrote_for_it(
     lease = await store.lease(session)
     assert lease is not None
     handle = store.handle(lease)
-    now = time.time()
-    state = AgentState(session_id=session, agent="support", created_at=now, updated_at=now)
-    saved = await handle.save(state)
+    request = TurnRequest(
+        turn_id=f"t-{uid}", session_id=session, agent="support", input=(InputMessage(content="hi"),)
+    )
+    state = new_execution(None, request, AgentProfile(name="support"), time.time())
+    saved = await handle.save(state)  # a turn's first save: the model is asked next
     assert saved.version == 1
     assert handle.stored(saved.model_copy()) is None, "only for the very object it returned"
 
-    saved = await handle.save(saved.model_copy(update={"history_len": 3}), release=True)
+    saved = await handle.save(saved.model_copy(update={"history_len": 3}))
     written = handle.stored(saved)
     assert written == await redis.hget(keys.session_state(session), "s")
     assert handle.stored(saved) is None, "handed out once"
     assert Parked(saved, written).state() == saved  # the version (2) is put back
 
+    ex = saved.execution
+    assert ex is not None
+    pending = PendingStep(index=0, started_at=1.0)
+    waiting = await handle.save(
+        saved.model_copy(update={"execution": ex.model_copy(update={"pending": pending})})
+    )
+    assert handle.stored(waiting) is None, "not kept while the step waits on tools"
+    last = await handle.save(saved.model_copy(update={"version": waiting.version}), release=True)
+    assert handle.stored(last) is None, "nor after the step's last save"
+
     again = await store.lease(session)
     assert again is not None
     reader = store.handle(again)
     read = reader.take_state()
-    assert read == saved
+    assert read == last
     parked = Parked(read, reader.stored(read))
     del read
-    assert parked.state() == saved
+    assert parked.state() == last
     await store.release(again)

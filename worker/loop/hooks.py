@@ -35,7 +35,9 @@ class Blocked:
 
 @dataclass(slots=True)
 class HookContext:
-    """What a hook may look at, and its way to stop the turn."""
+    """What a hook may look at, and its way to stop the turn. The state is read-only: its
+    contracts are frozen, and a change made in place to one of its dicts (``context.kv``,
+    metadata) is not kept."""
 
     state: AgentState
     profile: AgentProfile
