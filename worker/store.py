@@ -45,74 +45,9 @@ from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
 from worker import failpoints
+from worker import store_scripts as scripts
 from worker.errors import StaleStateError
 from worker.loop.transcript import StoredMessages
-
-# KEYS: lease fence state history ; ARGV: lease_ttl_ms, session_ttl_s
-_BEGIN: Final = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
-local token = redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
-local state = redis.call('HMGET', KEYS[3], 'v', 's')
-return {token, state[1] or false, state[2] or false, table.concat(redis.call('LRANGE', KEYS[4], 0, -1))}
-"""
-
-# KEYS: lease ; ARGV: token, ttl_ms
-_RENEW: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-return 0
-"""
-
-# KEYS: lease ; ARGV: token
-_RELEASE: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
-return 0
-"""
-
-# KEYS: lease state list result turns queue requests
-# ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
-#       n, msg...
-_SAVE: Final = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
-local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
-if v ~= tonumber(ARGV[2]) then return redis.error_reply('STALE version ' .. v) end
-redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3])
-local n = tonumber(ARGV[8])
-if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 9, 8 + n)) end
-local head = ''
-if ARGV[6] ~= '' then
-  local ttl = tonumber(ARGV[5])
-  redis.call('SET', KEYS[4], ARGV[6], 'EX', ttl)
-  redis.call('HSET', KEYS[5], ARGV[7], 'done')
-  if redis.call('LINDEX', KEYS[6], 0) == ARGV[7] then redis.call('LPOP', KEYS[6]) end
-  redis.call('HDEL', KEYS[7], ARGV[7])
-  head = redis.call('LINDEX', KEYS[6], 0) or ''
-  for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
-  redis.call('EXPIRE', KEYS[7], ttl)
-end
-if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-return {v + 1, head}
-"""
-
-# KEYS: turns requests queue result replies ; ARGV: turn_id, request_blob, ttl_s, reply_to|''
-_ACCEPT: Final = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued') == 0 then
-  local res = redis.call('GET', KEYS[4])
-  if res then return {'done', res} end
-  return {'pending', ''}
-end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
-  redis.call('EXPIRE', KEYS[5], ARGV[3])
-end
-local len = redis.call('RPUSH', KEYS[3], ARGV[1])
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
-if len == 1 then return {'start', ''} end
-return {'queued', tostring(len - 1)}
-"""
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
 Timed = Callable[[str], AbstractContextManager[object]]
@@ -166,11 +101,11 @@ class RedisStore:
         this one wrote it and read only it — for a rolling upgrade from them."""
         self.lease_ms = int(lease_ttl_s * 1000)
         self.ttl_s = ttl_s
-        self._begin = redis.register_script(_BEGIN)
-        self._renew = redis.register_script(_RENEW)
-        self._release = redis.register_script(_RELEASE)
-        self._save = redis.register_script(_SAVE)
-        self._accept = redis.register_script(_ACCEPT)
+        self._begin = redis.register_script(scripts.BEGIN)
+        self._renew = redis.register_script(scripts.RENEW)
+        self._release = redis.register_script(scripts.RELEASE)
+        self._save = redis.register_script(scripts.SAVE)
+        self._accept = redis.register_script(scripts.ACCEPT)
 
     async def accept(self, request: TurnRequest) -> Accepted:
         s, t = request.session_id, request.turn_id

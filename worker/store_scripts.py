@@ -1,0 +1,73 @@
+"""The Lua scripts of the session store (``worker.store``), each one atomic step in Redis:
+take, renew and release a session's lease, save a step (only under the caller's lease, its
+fencing token, and on the version it loaded), accept a turn request."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# KEYS: lease fence state history ; ARGV: lease_ttl_ms, session_ttl_s
+BEGIN: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
+local token = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+local state = redis.call('HMGET', KEYS[3], 'v', 's')
+return {token, state[1] or false, state[2] or false, table.concat(redis.call('LRANGE', KEYS[4], 0, -1))}
+"""
+
+# KEYS: lease ; ARGV: token, ttl_ms
+RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+return 0
+"""
+
+# KEYS: lease ; ARGV: token
+RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+return 0
+"""
+
+# KEYS: lease state list result turns queue requests
+# ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
+#       n, msg...
+SAVE: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
+local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
+if v ~= tonumber(ARGV[2]) then return redis.error_reply('STALE version ' .. v) end
+redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3])
+local n = tonumber(ARGV[8])
+if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 9, 8 + n)) end
+local head = ''
+if ARGV[6] ~= '' then
+  local ttl = tonumber(ARGV[5])
+  redis.call('SET', KEYS[4], ARGV[6], 'EX', ttl)
+  redis.call('HSET', KEYS[5], ARGV[7], 'done')
+  if redis.call('LINDEX', KEYS[6], 0) == ARGV[7] then redis.call('LPOP', KEYS[6]) end
+  redis.call('HDEL', KEYS[7], ARGV[7])
+  head = redis.call('LINDEX', KEYS[6], 0) or ''
+  for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
+  redis.call('EXPIRE', KEYS[7], ttl)
+end
+if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
+return {v + 1, head}
+"""
+
+# KEYS: turns requests queue result replies ; ARGV: turn_id, request_blob, ttl_s, reply_to|''
+ACCEPT: Final = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued') == 0 then
+  local res = redis.call('GET', KEYS[4])
+  if res then return {'done', res} end
+  return {'pending', ''}
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
+  redis.call('EXPIRE', KEYS[5], ARGV[3])
+end
+local len = redis.call('RPUSH', KEYS[3], ARGV[1])
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+if len == 1 then return {'start', ''} end
+return {'queued', tostring(len - 1)}
+"""
