@@ -45,12 +45,12 @@ LOOPWIRE: Parts = (
     ("HTTP and socket callbacks", ("aiohttp/", "selector_events.py")),
 )
 FLOOR: Parts = (
-    ("model call (aiohttp POST + json)", tuple(f"floor.py:{n})" for n in range(129, 137))),
-    ("tool RPC", ("RawRpc", "floor.py:138)")),
-    ("event", ("floor.py:160)",)),
-    ("publish next step / reply, ack", ("floor.py:169)", "floor.py:177)", "floor.py:183)")),
-    ("Redis: load", ("floor.py:121)",)),
-    ("Redis: save", ("floor.py:157)",)),
+    ("model call (aiohttp POST + json)", tuple(f"floor.py:{n})" for n in range(130, 138))),
+    ("tool RPC", ("RawRpc", "floor.py:139)")),
+    ("event", ("floor.py:161)",)),
+    ("publish next step / reply, ack", ("floor.py:170)", "floor.py:178)", "floor.py:184)")),
+    ("Redis: load", ("floor.py:122)",)),
+    ("Redis: save", ("floor.py:158)",)),
     ("step logic, msgpack", ("FloorWorker.on_step",)),
     ("AMQP frame I/O tasks (aiormq)", ("aiormq/",)),
     ("HTTP and socket callbacks", ("aiohttp/", "selector_events.py")),

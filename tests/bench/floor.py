@@ -23,7 +23,8 @@ import contextlib
 import json
 import signal
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import aio_pika
 import aiohttp
@@ -183,13 +184,15 @@ class FloorWorker:
         await message.ack()
 
 
-async def run_tool_responder(stop: asyncio.Event, concurrency: int = 64) -> None:
+async def run_tool_responder(
+    stop: asyncio.Event, concurrency: int = 64, queue_name: str = TOOL_QUEUE
+) -> None:
     """The raw tool responder: answer every call at once with a fixed value."""
     connection = await aio_pika.connect(AMQP_URL)
     try:
         channel = await connection.channel(publisher_confirms=False)
         await channel.set_qos(prefetch_count=concurrency)
-        queue = await channel.declare_queue(TOOL_QUEUE, durable=True, arguments=QUORUM)
+        queue = await channel.declare_queue(queue_name, durable=True, arguments=QUORUM)
         exchange = channel.default_exchange
 
         async def on_call(message: AbstractIncomingMessage) -> None:
@@ -206,24 +209,35 @@ async def run_tool_responder(stop: asyncio.Event, concurrency: int = 64) -> None
         await connection.close()
 
 
-async def _main(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    if args.role == "worker":
-        await FloorWorker(args.model_url, args.prefetch).run(stop)
-    else:
-        await run_tool_responder(stop)
+class Worker(Protocol):
+    async def run(self, stop: asyncio.Event) -> None: ...
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.floor")
+def serve(worker: Callable[[str, int], Worker], tool_queue: str, prog: str) -> None:
+    """The command line of a floor: ``worker`` (until SIGINT/SIGTERM) or ``tool`` (the raw tool
+    responder on ``tool_queue``)."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("role", choices=["worker", "tool"])
     parser.add_argument("--model-url", default="")
     parser.add_argument("--prefetch", type=int, default=64)
+    args = parser.parse_args()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        if args.role == "worker":
+            await worker(args.model_url, args.prefetch).run(stop)
+        else:
+            await run_tool_responder(stop, queue_name=tool_queue)
+
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_main(parser.parse_args()))
+        asyncio.run(run())
+
+
+def main() -> None:
+    serve(FloorWorker, TOOL_QUEUE, "python -m tests.bench.floor")
 
 
 if __name__ == "__main__":

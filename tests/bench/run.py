@@ -10,7 +10,9 @@ Scenarios (all by default, in this order):
 
 - ``adapter``: one model call on each ``openai`` client path vs a plain aiohttp POST;
 - ``rpc``: one tool call round trip, loopwire's ``ToolRPC`` + SDK service vs raw aio-pika;
-- ``step``: worker CPU per step at 32 and 256 concurrent sessions, floor vs loopwire;
+- ``step``: worker CPU per step at 32 and 256 concurrent sessions: the floor, the protocol floor
+  (``tests.bench.floor_protocol``: the floor making every operation the design requires) and
+  loopwire;
 - ``concurrency``: 2,000 turns in flight on one worker with a model answering after 2 s;
 - ``scaling``: one worker vs two on the same load.
 

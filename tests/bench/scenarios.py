@@ -279,50 +279,80 @@ def _summarize(windows: dict[str, list[Window]]) -> dict[str, Any]:
             ],
             "steps_per_s": ratio(lw["steps_per_s"], fl["steps_per_s"]),
         }
+        if "protocol" in summary:
+            pr = summary["protocol"]["worker_cpu_ms_per_step"]
+            summary["ratio"]["protocol_cpu_per_step"] = ratio(pr, fl["worker_cpu_ms_per_step"])
+            summary["ratio"]["cpu_per_step_vs_protocol"] = ratio(lw["worker_cpu_ms_per_step"], pr)
     return summary
 
 
 async def step_cost(ctx: Context) -> dict[str, Any]:
-    """Worker CPU per step at each session count, floor and loopwire alternated."""
+    """Worker CPU per step at each session count: the floor, the protocol floor and loopwire,
+    in alternating order."""
     plan = ctx.plan
     await ctx.model.configure(delay=0)
     out: dict[str, Any] = {}
     rows = []
+    protocol = FloorTarget(
+        ctx.shared, ctx.model, prefetch=plan.prefetch, steps=plan.steps, protocol=True
+    )
+    protocol.profile_dir = ctx.profile_dir
     async with ctx.running(prefetch=plan.prefetch) as (floor, loopwire):
-        for sessions in plan.step_sessions:
-            windows: dict[str, list[Window]] = {"floor": [], "loopwire": []}
-            for r in range(plan.rounds):
-                for target in _order(r, floor, loopwire):
-                    window = await ctx.driver.measure(
-                        target,
-                        sessions=sessions,
-                        warmup_s=plan.step_warmup_s,
-                        window_s=plan.step_window_s,
+        try:
+            await protocol.start(1)
+            for sessions in plan.step_sessions:
+                windows: dict[str, list[Window]] = {"floor": [], "protocol": [], "loopwire": []}
+                for r in range(plan.rounds):
+                    order: list[Target] = [floor, protocol, loopwire]
+                    for target in order if r % 2 == 0 else reversed(order):
+                        window = await ctx.driver.measure(
+                            target,
+                            sessions=sessions,
+                            warmup_s=plan.step_warmup_s,
+                            window_s=plan.step_window_s,
+                        )
+                        windows[target.name].append(window)
+                summary = _summarize(windows)
+                out[f"sessions_{sessions}"] = {
+                    "rounds": {k: [w.as_dict() for w in v] for k, v in windows.items()},
+                    "median": summary,
+                }
+                ratios = summary["ratio"]
+                for name in ("floor", "protocol", "loopwire"):
+                    s = summary[name]
+                    rows.append(
+                        (
+                            sessions,
+                            name,
+                            s["worker_cpu_ms_per_step"],
+                            {
+                                "floor": 1.0,
+                                "protocol": ratios["protocol_cpu_per_step"],
+                                "loopwire": ratios["cpu_per_step"],
+                            }[name],
+                            ratios["cpu_per_step_vs_protocol"] if name == "loopwire" else "-",
+                            s["steps_per_s"],
+                            s["outside_model_p50_ms"],
+                            s["outside_model_p99_ms"],
+                        )
                     )
-                    windows[target.name].append(window)
-            summary = _summarize(windows)
-            out[f"sessions_{sessions}"] = {
-                "rounds": {k: [w.as_dict() for w in v] for k, v in windows.items()},
-                "median": summary,
-            }
-            for name in ("floor", "loopwire"):
-                s = summary[name]
-                rows.append(
-                    (
-                        sessions,
-                        name,
-                        s["worker_cpu_ms_per_step"],
-                        summary["ratio"]["cpu_per_step"] if name == "loopwire" else 1.0,
-                        s["steps_per_s"],
-                        s["outside_model_p50_ms"],
-                        s["outside_model_p99_ms"],
-                    )
-                )
+        finally:
+            protocol.stop()
     ctx.tables.append(
         table(
             f"Worker CPU per step ({plan.steps} steps/turn, 40-message history, 1 tool call/step;"
-            " target loopwire <= 1.5x floor)",
-            ("sessions", "system", "cpu ms/step", "x floor", "steps/s", "out p50 ms", "out p99 ms"),
+            " target loopwire <= 1.5x floor; protocol: the floor making every operation the"
+            " design requires, model through the openai client)",
+            (
+                "sessions",
+                "system",
+                "cpu ms/step",
+                "x floor",
+                "x protocol",
+                "steps/s",
+                "out p50 ms",
+                "out p99 ms",
+            ),
             rows,
         )
     )

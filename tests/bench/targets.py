@@ -22,7 +22,7 @@ from contracts.codec import decode, encode
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import AgentState, SessionContext
 from contracts.turns import InputMessage, TurnRequest, TurnResult
-from tests.bench import floor
+from tests.bench import floor, floor_protocol
 from tests.bench.procs import ROOT, Proc, free_port, http_ok
 from tests.bench.workload import (
     AGENT,
@@ -79,8 +79,14 @@ class Target:
     profile_dir: Path | None = None
     """Run the worker processes under cProfile, writing ``<name>.prof`` here."""
     name: str
-    workers: list[Proc]
-    helpers: list[Proc]
+
+    def __init__(self, shared: Shared, model: ModelServer, *, prefetch: int, steps: int) -> None:
+        self.shared = shared
+        self.model = model
+        self.prefetch = prefetch
+        self.steps = steps
+        self.workers: list[Proc] = []
+        self.helpers: list[Proc] = []
 
     async def start(self, count: int) -> None:
         """Start the helper processes (tool service), then ``count`` workers."""
@@ -128,6 +134,8 @@ class Shared:
         await declare(self.channel)
         await self.channel.declare_queue(floor.WORK_QUEUE, durable=True, arguments=floor.QUORUM)
         await self.channel.declare_queue(floor.TOOL_QUEUE, durable=True, arguments=floor.QUORUM)
+        for name in (floor_protocol.WORK_QUEUE, floor_protocol.TOOL_QUEUE):
+            await self.channel.declare_queue(name, durable=True, arguments=floor.QUORUM)
         await self.channel.declare_queue(t.tool_queue(TOOL), durable=True, arguments=floor.QUORUM)
         await self.purge_work()
 
@@ -152,6 +160,8 @@ class Shared:
             t.tool_queue(TOOL),
             floor.WORK_QUEUE,
             floor.TOOL_QUEUE,
+            floor_protocol.WORK_QUEUE,
+            floor_protocol.TOOL_QUEUE,
         ):
             queue = await self.channel.get_queue(name, ensure=False)
             await queue.purge()
@@ -170,29 +180,35 @@ class Shared:
 
 
 class FloorTarget(Target):
-    name = "floor"
+    """The floor (``tests.bench.floor``), or with ``protocol`` the protocol floor
+    (``tests.bench.floor_protocol``): the floor making every operation the design requires."""
 
-    def __init__(self, shared: Shared, model: ModelServer, *, prefetch: int, steps: int) -> None:
-        self.shared = shared
-        self.model = model
-        self.prefetch = prefetch
-        self.steps = steps
-        self.workers = []
-        self.helpers = []
+    def __init__(
+        self,
+        shared: Shared,
+        model: ModelServer,
+        *,
+        prefetch: int,
+        steps: int,
+        protocol: bool = False,
+    ) -> None:
+        super().__init__(shared, model, prefetch=prefetch, steps=steps)
         self.history = history()
+        self.name = "protocol" if protocol else "floor"
+        self.module = floor_protocol if protocol else floor
 
     async def start_helpers(self) -> None:
-        tool = Proc("floor-tool", ["-m", "tests.bench.floor", "tool"])
+        tool = Proc(f"{self.name}-tool", ["-m", self.module.__name__, "tool"])
         tool.start()
         self.helpers.append(tool)
         await tool.wait_ready(_log_says_ready(tool))
 
     async def add_worker(self) -> None:
         proc = Proc(
-            f"floor-worker-{len(self.workers) + 1}",
+            f"{self.name}-worker-{len(self.workers) + 1}",
             [
                 "-m",
-                "tests.bench.floor",
+                self.module.__name__,
                 "worker",
                 "--model-url",
                 self.model.base_url,
@@ -206,13 +222,13 @@ class FloorTarget(Target):
 
     async def seed_and_publish(self, turn_id: str, session_id: str, reply_to: str) -> None:
         messages = [*self.history, {"role": "user", "content": turn_input(turn_id)}]
-        key = floor.state_key(session_id)
+        key = self.module.state_key(session_id)
         async with self.shared.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping={"v": 1, "s": msgpack.packb({"messages": messages})})
             pipe.expire(key, KEY_TTL_S)
             await pipe.execute()
         work = {"s": session_id, "t": turn_id, "k": 0, "n": self.steps, "r": reply_to}
-        await self.shared.publish(msgpack.packb(work), floor.WORK_QUEUE)
+        await self.shared.publish(msgpack.packb(work), self.module.WORK_QUEUE)
 
 
 class LoopwireTarget(Target):
@@ -229,15 +245,10 @@ class LoopwireTarget(Target):
         extra_env: dict[str, str] | None = None,
         source: Path | None = None,
     ) -> None:
+        super().__init__(shared, model, prefetch=prefetch, steps=steps)
         self.source = source
         """Run the worker from this source tree instead (e.g. a baseline checkout)."""
-        self.shared = shared
-        self.model = model
-        self.prefetch = prefetch
-        self.steps = steps
         self.extra_env = extra_env or {}
-        self.workers = []
-        self.helpers = []
         self.agents_file = agents_dir / f"bench-agents-{steps}.json"
         self.agents_file.write_text(
             json.dumps(
