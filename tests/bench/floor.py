@@ -23,7 +23,7 @@ import contextlib
 import json
 import signal
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import aio_pika
@@ -209,20 +209,25 @@ async def run_tool_responder(
         await connection.close()
 
 
-class Worker(Protocol):
+class StepWorker(Protocol):
     async def run(self, stop: asyncio.Event) -> None: ...
 
 
-def serve(worker: Callable[[str, int], Worker], tool_queue: str, prog: str) -> None:
+def serve(
+    worker: Callable[[str, int], StepWorker],
+    tool_queue: str,
+    prog: str,
+    run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run,
+) -> None:
     """The command line of a floor: ``worker`` (until SIGINT/SIGTERM) or ``tool`` (the raw tool
-    responder on ``tool_queue``)."""
+    responder on ``tool_queue``), run by ``run`` (``asyncio.run``, or uvloop's)."""
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("role", choices=["worker", "tool"])
     parser.add_argument("--model-url", default="")
     parser.add_argument("--prefetch", type=int, default=64)
     args = parser.parse_args()
 
-    async def run() -> None:
+    async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -233,7 +238,7 @@ def serve(worker: Callable[[str, int], Worker], tool_queue: str, prog: str) -> N
             await run_tool_responder(stop, queue_name=tool_queue)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+        run(main())
 
 
 def main() -> None:

@@ -1,29 +1,35 @@
-"""The protocol floor: the floor (``tests.bench.floor``) making every operation the design
-requires of a step (DESIGN.md: fenced state, the model's answer saved before any tool runs,
-confirmed ``mandatory`` tool calls, the lifecycle events, the ``openai`` client), still built
-from the raw libraries only, with no loopwire code. It answers how much of loopwire's cost over
-the floor is the protocol and how much is loopwire.
+"""The protocol floor: the floor (``tests.bench.floor``) making every broker and Redis operation
+the design requires of a turn (DESIGN.md: accepted turns queued per session, state fenced by a
+session lease, the model's answer saved before any tool runs, history appended rather than
+rewritten, confirmed ``mandatory`` tool calls, the lifecycle events, the ``openai`` client),
+still built from the raw libraries only, with no loopwire code. It answers how much of
+loopwire's cost over the floor is the protocol and how much is loopwire.
 
-Per step, on top of the floor's consume, model call and ack:
+A turn starts with a start message, as loopwire's do: an accept script records the request and
+queues the turn in its session, ``turn.accepted`` is published, then step 0 (and the start
+message is acked). Per step, on top of the floor's consume, model call and ack:
 
-- the state is read by a Lua script that takes the session lease (a fencing token from a
-  counter) instead of a plain ``HMGET``;
-- the model's answer is saved (compare-and-set fenced by the lease, the answer beside the
-  state) before the tool runs, and the step is saved, letting go of the lease, after it: two
-  writes instead of one;
+- a script takes the session lease (a fencing token from a counter) and reads the state and the
+  session history (a list of msgpack messages); step 0 also reads the session's queue head and
+  the turn's request and saves the turn's input (``turn.started``);
+- the model's answer is saved (compare-and-set fenced by the lease, beside the state) before
+  the tool runs; the step's save appends its two messages to the history and lets go of the
+  lease; the last one also stores the result and dequeues the turn;
 - the tool call is published on a channel with publisher confirms, ``mandatory``, with an
   ``idempotency-key`` header, and waits for the confirmation before the reply;
-- every publish waits for the broker's confirmation only, not first for the socket to drain as
-  aio-pika's ``Exchange.publish`` (which the floor uses) does: the protocol at its tightest;
-- the events are loopwire's, published with confirms and CloudEvents headers: ``tool.invoking``,
-  ``tool.invoked`` and ``step.completed`` every step, ``turn.started`` on a turn's first step
-  and ``turn.completed`` on its last (3.4 a step over a five-step turn, against the floor's one);
-- the model is called through the ``openai`` client, as the design requires: its public
-  ``post`` with the JSON body as ``content`` and the raw response, on its aiohttp transport.
+- the events: ``tool.invoking``, ``tool.invoked`` and ``step.completed`` every step, and
+  ``turn.accepted``, ``turn.started`` and ``turn.completed`` once a turn (3.6 a step over a
+  five-step turn, against the floor's one), with CloudEvents headers;
+- every publish (``mandatory`` for work messages too) waits for the broker's confirmation only,
+  not first for the socket to drain as aio-pika's ``Exchange.publish`` (which the floor uses)
+  does, with the AMQP properties built directly;
+- the model is called through the ``openai`` client's public ``post`` (the body as
+  ``content``, the raw response) on its aiohttp transport.
 
-The state keeps the floor's layout: one msgpack blob with the messages, written whole at the
-step's save; the answer saved before the tool runs goes beside it. A turn's acceptance
-(loopwire's ``accept`` script and ``turn.accepted`` event) is left out: it is not a step.
+It runs on uvloop and encodes JSON with orjson, as loopwire does (the floor uses the standard
+loop and ``json``), so that the ratio to the floor counts the protocol's operations, not a
+slower runtime. Left out: lease renewal, metrics, hooks, and the checks on messages from
+outside.
 
 Run: ``python -m tests.bench.floor_protocol worker --model-url URL [--prefetch N]`` and
 ``python -m tests.bench.floor_protocol tool`` (the raw tool responder on its own queue).
@@ -32,7 +38,7 @@ Run: ``python -m tests.bench.floor_protocol worker --model-url URL [--prefetch N
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
 import time
 import uuid
 from datetime import UTC, datetime
@@ -43,7 +49,10 @@ import aiormq
 import httpx2
 import msgpack
 import openai
+import orjson
+import uvloop
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aiormq import spec
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from tests.bench.floor import QUORUM, RawRpc, serve
@@ -52,38 +61,85 @@ from tests.bench.workload import AMQP_URL, REDIS_URL, SYSTEM_PROMPT, tool_defini
 WORK_QUEUE = "bench.floorp.work"
 TOOL_QUEUE = "bench.floorp.tool"
 EVENTS_EXCHANGE = "bench.floorp.events"
+SOURCE = "/bench/floor_protocol"
 LEASE_MS = 15_000
-KEY_TTL_MS = 900_000
-_NAMESPACE = uuid.UUID("0b6f3c2e-1d4a-4c59-8e7b-2f9a6d1c3e55")
+KEY_TTL_S = 900
 
-# KEYS: lease, fence, state ; ARGV: lease ms, key ttl ms
+# KEYS: turns, queue, requests ; ARGV: turn, request, ttl
+_ACCEPT = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'duplicate' end
+redis.call('HSET', KEYS[1], ARGV[1], 'queued')
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+local ahead = redis.call('RPUSH', KEYS[2], ARGV[1]) - 1
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+if ahead == 0 then return 'start' end
+return 'queued'
+"""
+# KEYS: lease, fence, state, history ; ARGV: lease ms, ttl
 _LEASE = """
 local token = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-if not redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[1]) then return {0} end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+if not redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[1]) then return {0, false, false, {}} end
 local s = redis.call('HMGET', KEYS[3], 'v', 's')
-return {token, s[1], s[2]}
+return {token, s[1], s[2], redis.call('LRANGE', KEYS[4], 0, -1)}
 """
-# KEYS: lease, state ; ARGV: token, expected version, field, value, release (1/0)
+# KEYS: lease, state, history, turns, queue, result ; ARGV: token, expected version, state,
+# answer ('' = none), release (1/0), ttl, turn, result ('' = none), messages to append...
 _SAVE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease') end
 local v = redis.call('HGET', KEYS[2], 'v')
-if v ~= ARGV[2] then return redis.error_reply('STALE version') end
-local next = tonumber(v) + 1
-redis.call('HSET', KEYS[2], 'v', next, ARGV[3], ARGV[4])
-if ARGV[5] == '1' then
-  redis.call('HDEL', KEYS[2], 'a')
-  redis.call('DEL', KEYS[1])
+if (v or '') ~= ARGV[2] then return redis.error_reply('STALE version') end
+local next = (tonumber(v) or 0) + 1
+redis.call('HSET', KEYS[2], 'v', next, 's', ARGV[3])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], 'a', ARGV[4]) else redis.call('HDEL', KEYS[2], 'a') end
+if #ARGV > 8 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 9)) end
+if ARGV[8] ~= '' then
+  redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[6])
+  redis.call('HSET', KEYS[4], ARGV[7], 'done')
+  if redis.call('LINDEX', KEYS[5], 0) == ARGV[7] then redis.call('LPOP', KEYS[5]) end
 end
+if ARGV[5] == '1' then redis.call('DEL', KEYS[1]) end
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+redis.call('EXPIRE', KEYS[3], ARGV[6])
 return next
 """
+
+
+def state_key(session_id: str, part: str = "state") -> str:
+    return f"bench:floorp:{{{session_id}}}:{part}"
+
+
+async def seed_and_start(
+    redis: Redis,
+    publish: Any,
+    history: list[dict[str, Any]],
+    *,
+    session_id: str,
+    turn_id: str,
+    user_input: str,
+    steps: int,
+    reply_to: str,
+) -> None:
+    """The driver's part: a session with ``history``, and the turn's start message."""
+    key = state_key(session_id, "history")
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.rpush(key, *[msgpack.packb(m) for m in history])
+        pipe.expire(key, KEY_TTL_S)
+        await pipe.execute()
+    start = {"s": session_id, "t": turn_id, "n": steps, "r": reply_to, "input": user_input}
+    await publish(msgpack.packb(start), WORK_QUEUE)
+
+
+def properties(**values: Any) -> spec.Basic.Properties:
+    return spec.Basic.Properties(headers=values.pop("headers", {}), **values)
 
 
 async def publish_confirmed(
     channel: AbstractChannel,
     exchange: str,
-    message: aio_pika.Message,
+    body: bytes,
     routing_key: str,
+    props: spec.Basic.Properties,
     *,
     mandatory: bool = False,
 ) -> None:
@@ -93,22 +149,19 @@ async def publish_confirmed(
     underlay = await channel.get_underlay_channel()
     assert isinstance(underlay, aiormq.Channel)  # what aio-pika's channels are built on
     await underlay.basic_publish(
-        message.body,
+        body,
         exchange=exchange,
         routing_key=routing_key,
-        properties=message.properties,
+        properties=props,
         mandatory=mandatory,
         wait=False,
     )
 
 
-def state_key(session_id: str) -> str:
-    return f"bench:floorp:{{{session_id}}}"
-
-
 class ConfirmedRpc(RawRpc):
-    """The raw RPC client on a confirming channel: ``mandatory``, idempotency key, and the
-    publish waits for the broker's confirmation (an unroutable call fails at once)."""
+    """The raw RPC client on a confirming channel (``call_confirmed``; the inherited ``call``
+    is the plain floor's): ``mandatory``, idempotency key, and the publish waits for the
+    broker's confirmation (an unroutable call fails at once)."""
 
     async def call_confirmed(self, body: bytes, key: str) -> Any:
         call_id = uuid.uuid4().hex
@@ -118,14 +171,15 @@ class ConfirmedRpc(RawRpc):
             await publish_confirmed(
                 self.channel,
                 "",
-                aio_pika.Message(
-                    body,
+                body,
+                TOOL_QUEUE,
+                properties(
                     correlation_id=call_id,
                     reply_to=self.reply_to,
-                    expiration=30,
+                    expiration="30000",
                     headers={"idempotency-key": key},
+                    message_id=call_id,
                 ),
-                TOOL_QUEUE,
                 mandatory=True,
             )
             return msgpack.unpackb(await asyncio.wait_for(future, 30))
@@ -134,6 +188,8 @@ class ConfirmedRpc(RawRpc):
 
 
 class ProtocolFloorWorker:
+    """Handles start messages (accept, ``turn.accepted``, step 0) and step messages."""
+
     def __init__(self, model_url: str, prefetch: int) -> None:
         self.url = model_url
         self.prefetch = prefetch
@@ -142,6 +198,8 @@ class ProtocolFloorWorker:
     async def run(self, stop: asyncio.Event) -> None:
         pool = BlockingConnectionPool.from_url(REDIS_URL, max_connections=128, timeout=10)
         redis = Redis.from_pool(pool)
+        self.redis = redis
+        self.accept = redis.register_script(_ACCEPT)
         self.lease = redis.register_script(_LEASE)
         self.save = redis.register_script(_SAVE)
         connection = await aio_pika.connect(AMQP_URL)
@@ -156,16 +214,15 @@ class ProtocolFloorWorker:
         try:
             consume = await connection.channel(publisher_confirms=False)
             await consume.set_qos(prefetch_count=self.prefetch)
-            publish = await connection.channel(publisher_confirms=True)
-            self.publish = publish
-            await publish.declare_exchange(
+            self.publish = await connection.channel(publisher_confirms=True)
+            await self.publish.declare_exchange(
                 EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, auto_delete=True
             )
             rpc_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             self.rpc = ConfirmedRpc(rpc_channel)
             await self.rpc.start()
             queue = await consume.declare_queue(WORK_QUEUE, durable=True, arguments=QUORUM)
-            await queue.consume(self.on_step)
+            await queue.consume(self.on_message)
             print("ready", flush=True)
             await stop.wait()
         finally:
@@ -174,83 +231,147 @@ class ProtocolFloorWorker:
             await redis.aclose()
 
     async def event(self, kind: str, work: dict[str, Any], data: dict[str, Any], key: str) -> None:
-        turn, now = work["t"], time.time()
-        event_id = str(uuid.uuid5(_NAMESPACE, f"{kind}/{turn}/{work['k']}/{key}"))
+        turn, step, now = work["t"], work.get("k"), time.time()
+        event_id = hashlib.sha1(f"{kind}/{turn}/{step}/{key}".encode()).hexdigest()
         body = {
             "schema_version": 1,
             "id": event_id,
             "type": kind,
-            "source": "/bench/floor",
+            "source": SOURCE,
             "time": now,
             "agent": "bench",
             "turn_id": turn,
             "session_id": work["s"],
-            "step": work["k"],
+            "step": step,
             "data": data,
+        }
+        headers = {
+            "ce-specversion": "1.0",
+            "ce-id": event_id,
+            "ce-type": kind,
+            "ce-source": SOURCE,
+            "ce-time": datetime.fromtimestamp(now, UTC).isoformat(),
+            "ce-subject": turn,
         }
         await publish_confirmed(
             self.publish,
             EVENTS_EXCHANGE,
-            aio_pika.Message(
-                msgpack.packb(body),
-                content_type="application/msgpack",
-                headers={
-                    "ce-specversion": "1.0",
-                    "ce-id": event_id,
-                    "ce-type": kind,
-                    "ce-source": "/bench/floor",
-                    "ce-time": datetime.fromtimestamp(now, UTC).isoformat(),
-                    "ce-subject": turn,
-                },
-                message_id=event_id,
-                type=kind,
-                timestamp=now,
-            ),
+            msgpack.packb(body),
             f"{kind}.bench.{turn}",
+            properties(
+                content_type="application/msgpack",
+                delivery_mode=1,
+                headers=headers,
+                message_id=event_id,
+                message_type=kind,
+                timestamp=datetime.fromtimestamp(now, UTC),
+            ),
         )
 
-    async def on_step(self, message: AbstractIncomingMessage) -> None:
-        started = time.monotonic()
+    async def send_work(self, work: dict[str, Any]) -> None:
+        await publish_confirmed(
+            self.publish,
+            "",
+            msgpack.packb(work),
+            WORK_QUEUE,
+            properties(delivery_mode=2, message_id=uuid.uuid4().hex),
+            mandatory=True,
+        )
+
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
         work = msgpack.unpackb(message.body)
-        session, step, steps = work["s"], work["k"], work["n"]
-        key = state_key(session)
-        lease_key, fence_key = f"{key}:lease", f"{key}:fence"
-        token, version, blob = await self.lease(
-            keys=[lease_key, fence_key, key], args=[LEASE_MS, KEY_TTL_MS]
+        if "input" in work:
+            await self.on_start(work)
+        else:
+            await self.on_step(work)
+        await message.ack()
+
+    async def on_start(self, start: dict[str, Any]) -> None:
+        session, turn = start["s"], start["t"]
+        status = await self.accept(
+            keys=[state_key(session, p) for p in ("turns", "queue", "requests")],
+            args=[turn, msgpack.packb(start), KEY_TTL_S],
+        )
+        await self.event("turn.accepted", start, {"persist": True, "input_messages": 1}, "")
+        if status == b"start":
+            await self.send_work(
+                {"s": session, "t": turn, "k": 0, "n": start["n"], "r": start["r"]}
+            )
+
+    async def on_step(self, work: dict[str, Any]) -> None:
+        started = time.monotonic()
+        session, turn, step, steps = work["s"], work["t"], work["k"], work["n"]
+        keys = {p: state_key(session, p) for p in ("lease", "fence", "state", "history")}
+        token, version, blob, history = await self.lease(
+            keys=list(keys.values()), args=[LEASE_MS, KEY_TTL_S]
         )
         if not token:
-            raise RuntimeError(f"lease of {session} is held")
-        state = msgpack.unpackb(blob)
-        messages = state["messages"]
+            raise RuntimeError(f"the lease of {session} is held")
+        state = msgpack.unpackb(blob) if blob else {"turn": turn, "steps": 0}
+        messages = [msgpack.unpackb(m) for m in history]
+
+        async def save(
+            append: list[dict[str, Any]],
+            answer: bytes = b"",
+            release: bool = False,
+            result: bytes = b"",
+        ) -> int:
+            saved: int = await self.save(
+                keys=[
+                    keys["lease"],
+                    keys["state"],
+                    keys["history"],
+                    state_key(session, "turns"),
+                    state_key(session, "queue"),
+                    state_key(session, "result"),
+                ],
+                args=[
+                    token,
+                    version or "",
+                    msgpack.packb(state),
+                    answer,
+                    "1" if release else "0",
+                    KEY_TTL_S,
+                    turn,
+                    result,
+                    *[msgpack.packb(m) for m in append],
+                ],
+            )
+            return saved
+
         if step == 0:
-            await self.event("turn.started", work, {"history_len": len(messages)}, "")
+            head = await self.redis.lindex(state_key(session, "queue"), 0)
+            request = await self.redis.hget(state_key(session, "requests"), turn)
+            if head != turn.encode() or request is None:
+                raise RuntimeError(f"turn {turn} is not its session's head")
+            user = {"role": "user", "content": msgpack.unpackb(request)["input"]}
+            state["turn"] = turn
+            version = await save([user])
+            messages.append(user)
+            await self.event("turn.started", work, {"history_len": len(messages) - 1}, "")
         body = {
             "model": "bench",
             "messages": [{"role": "system", "content": SYSTEM_PROMPT}, *messages],
             "tools": self.tools,
         }
         response = await self.client.post(
-            "/chat/completions", cast_to=httpx2.Response, content=json.dumps(body).encode()
+            "/chat/completions", cast_to=httpx2.Response, content=orjson.dumps(body)
         )
-        completion = json.loads(response.content)
+        completion = orjson.loads(response.content)
         answer = completion["choices"][0]["message"]
-        messages.append(
-            {
-                "role": "assistant",
-                "content": answer.get("content"),
-                "tool_calls": answer["tool_calls"],
-            }
-        )
-        version = await self.save(  # the answer only, beside the state
-            keys=[lease_key, key], args=[token, version, "a", msgpack.packb(messages[-1]), "0"]
-        )
+        assistant = {
+            "role": "assistant",
+            "content": answer.get("content"),
+            "tool_calls": answer["tool_calls"],
+        }
+        version = await save([], answer=msgpack.packb(assistant))
         call = answer["tool_calls"][0]
         name = call["function"]["name"]
         await self.event("tool.invoking", work, {"tool": name, "call_id": call["id"]}, call["id"])
         called = time.monotonic()
         reply = await self.rpc.call_confirmed(
             msgpack.packb({"id": call["id"], "name": name, "args": call["function"]["arguments"]}),
-            f"{work['t']}:{call['id']}",
+            f"{turn}:{call['id']}",
         )
         await self.event(
             "tool.invoked",
@@ -263,12 +384,15 @@ class ProtocolFloorWorker:
             },
             call["id"],
         )
-        messages.append(
-            {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(reply["value"])}
-        )
-        await self.save(
-            keys=[lease_key, key], args=[token, version, "s", msgpack.packb(state), "1"]
-        )
+        tool = {
+            "role": "tool",
+            "tool_call_id": call["id"],
+            "content": orjson.dumps(reply["value"]).decode(),
+        }
+        state["steps"] += 1
+        last = step + 1 >= steps
+        result = msgpack.packb({"turn": turn, "finish_reason": "max_iterations"}) if last else b""
+        await save([assistant, tool], release=True, result=result)
         await self.event(
             "step.completed",
             work,
@@ -281,31 +405,26 @@ class ProtocolFloorWorker:
             },
             "",
         )
-        if step + 1 < steps:
-            await publish_confirmed(
-                self.publish,
-                "",
-                aio_pika.Message(
-                    msgpack.packb({**work, "k": step + 1}),
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                ),
-                WORK_QUEUE,
-            )
-        else:
-            await self.event("turn.completed", work, {"finish_reason": "max_iterations"}, "")
-            await publish_confirmed(
-                self.publish,
-                "",
-                aio_pika.Message(
-                    msgpack.packb({"turn": work["t"]}), type="turn.result", correlation_id=work["t"]
-                ),
-                work["r"],
-            )
-        await message.ack()
+        if not last:
+            await self.send_work({**work, "k": step + 1})
+            return
+        await self.event("turn.completed", work, {"finish_reason": "max_iterations"}, "")
+        await publish_confirmed(
+            self.publish,
+            "",
+            result,
+            work["r"],
+            properties(message_type="turn.result", correlation_id=turn, message_id=turn),
+        )
 
 
 def main() -> None:
-    serve(ProtocolFloorWorker, TOOL_QUEUE, "python -m tests.bench.floor_protocol")
+    serve(
+        ProtocolFloorWorker,
+        TOOL_QUEUE,
+        "python -m tests.bench.floor_protocol",
+        run=uvloop.run,
+    )
 
 
 if __name__ == "__main__":

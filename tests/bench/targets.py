@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import aio_pika
@@ -195,7 +196,7 @@ class FloorTarget(Target):
         super().__init__(shared, model, prefetch=prefetch, steps=steps)
         self.history = history()
         self.name = "protocol" if protocol else "floor"
-        self.module = floor_protocol if protocol else floor
+        self.module: ModuleType = floor_protocol if protocol else floor
 
     async def start_helpers(self) -> None:
         tool = Proc(f"{self.name}-tool", ["-m", self.module.__name__, "tool"])
@@ -221,14 +222,26 @@ class FloorTarget(Target):
         await proc.wait_ready(_log_says_ready(proc))
 
     async def seed_and_publish(self, turn_id: str, session_id: str, reply_to: str) -> None:
+        if self.module is floor_protocol:
+            await floor_protocol.seed_and_start(
+                self.shared.redis,
+                self.shared.publish,
+                self.history,
+                session_id=session_id,
+                turn_id=turn_id,
+                user_input=turn_input(turn_id),
+                steps=self.steps,
+                reply_to=reply_to,
+            )
+            return
         messages = [*self.history, {"role": "user", "content": turn_input(turn_id)}]
-        key = self.module.state_key(session_id)
+        key = floor.state_key(session_id)
         async with self.shared.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping={"v": 1, "s": msgpack.packb({"messages": messages})})
             pipe.expire(key, KEY_TTL_S)
             await pipe.execute()
         work = {"s": session_id, "t": turn_id, "k": 0, "n": self.steps, "r": reply_to}
-        await self.shared.publish(msgpack.packb(work), self.module.WORK_QUEUE)
+        await self.shared.publish(msgpack.packb(work), floor.WORK_QUEUE)
 
 
 class LoopwireTarget(Target):
