@@ -23,7 +23,7 @@ import contextlib
 import json
 import signal
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 import aio_pika
@@ -32,7 +32,7 @@ import msgpack
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from tests.bench.workload import AMQP_URL, REDIS_URL, SYSTEM_PROMPT, tool_definition
+from tests.bench.workload import AMQP_URL, KEY_TTL_S, REDIS_URL, SYSTEM_PROMPT, tool_definition
 
 WORK_QUEUE = "bench.floor.work"
 TOOL_QUEUE = "bench.floor.tool"
@@ -207,6 +207,29 @@ async def run_tool_responder(
         await stop.wait()
     finally:
         await connection.close()
+
+
+async def seed_and_start(
+    redis: Redis,
+    publish: Callable[[bytes, str], Awaitable[None]],
+    history: list[dict[str, Any]],
+    *,
+    session_id: str,
+    turn_id: str,
+    user_input: str,
+    steps: int,
+    reply_to: str,
+) -> None:
+    """The driver's part: a session holding ``history`` and the turn's input, and its first
+    step message."""
+    messages = [*history, {"role": "user", "content": user_input}]
+    key = state_key(session_id)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hset(key, mapping={"v": 1, "s": msgpack.packb({"messages": messages})})
+        pipe.expire(key, KEY_TTL_S)
+        await pipe.execute()
+    work = {"s": session_id, "t": turn_id, "k": 0, "n": steps, "r": reply_to}
+    await publish(msgpack.packb(work), WORK_QUEUE)
 
 
 class StepWorker(Protocol):

@@ -41,6 +41,7 @@ import asyncio
 import hashlib
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,14 +57,13 @@ from aiormq import spec
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from tests.bench.floor import QUORUM, RawRpc, serve
-from tests.bench.workload import AMQP_URL, REDIS_URL, SYSTEM_PROMPT, tool_definition
+from tests.bench.workload import AMQP_URL, KEY_TTL_S, REDIS_URL, SYSTEM_PROMPT, tool_definition
 
 WORK_QUEUE = "bench.floorp.work"
 TOOL_QUEUE = "bench.floorp.tool"
 EVENTS_EXCHANGE = "bench.floorp.events"
 SOURCE = "/bench/floor_protocol"
 LEASE_MS = 15_000
-KEY_TTL_S = 900
 
 # KEYS: turns, queue, requests ; ARGV: turn, request, ttl
 _ACCEPT = """
@@ -111,7 +111,7 @@ def state_key(session_id: str, part: str = "state") -> str:
 
 async def seed_and_start(
     redis: Redis,
-    publish: Any,
+    publish: Callable[[bytes, str], Awaitable[None]],
     history: list[dict[str, Any]],
     *,
     session_id: str,

@@ -13,7 +13,6 @@ from typing import Any
 
 import aio_pika
 import aiohttp
-import msgpack
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from redis.asyncio import BlockingConnectionPool, Redis
 
@@ -28,6 +27,7 @@ from tests.bench.procs import ROOT, Proc, free_port, http_ok
 from tests.bench.workload import (
     AGENT,
     AMQP_URL,
+    KEY_TTL_S,
     REDIS_URL,
     SYSTEM_PROMPT,
     TOOL,
@@ -36,8 +36,6 @@ from tests.bench.workload import (
 )
 from tool_services.registry import live_tools
 from worker.topology import declare
-
-KEY_TTL_S = 900
 
 
 class ModelServer:
@@ -222,26 +220,16 @@ class FloorTarget(Target):
         await proc.wait_ready(_log_says_ready(proc))
 
     async def seed_and_publish(self, turn_id: str, session_id: str, reply_to: str) -> None:
-        if self.module is floor_protocol:
-            await floor_protocol.seed_and_start(
-                self.shared.redis,
-                self.shared.publish,
-                self.history,
-                session_id=session_id,
-                turn_id=turn_id,
-                user_input=turn_input(turn_id),
-                steps=self.steps,
-                reply_to=reply_to,
-            )
-            return
-        messages = [*self.history, {"role": "user", "content": turn_input(turn_id)}]
-        key = floor.state_key(session_id)
-        async with self.shared.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping={"v": 1, "s": msgpack.packb({"messages": messages})})
-            pipe.expire(key, KEY_TTL_S)
-            await pipe.execute()
-        work = {"s": session_id, "t": turn_id, "k": 0, "n": self.steps, "r": reply_to}
-        await self.shared.publish(msgpack.packb(work), floor.WORK_QUEUE)
+        await self.module.seed_and_start(
+            self.shared.redis,
+            self.shared.publish,
+            self.history,
+            session_id=session_id,
+            turn_id=turn_id,
+            user_input=turn_input(turn_id),
+            steps=self.steps,
+            reply_to=reply_to,
+        )
 
 
 class LoopwireTarget(Target):

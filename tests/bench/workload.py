@@ -25,6 +25,8 @@ _TURN_RE = re.compile(r"bench-turn ([A-Za-z0-9_-]+)")
 
 AMQP_URL = os.environ.get("LOOPWIRE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/lw_bench")
 REDIS_URL = os.environ.get("LOOPWIRE_REDIS_URL", "redis://127.0.0.1:6379/3")
+KEY_TTL_S = 900
+"""How long the bench's Redis keys live if a run dies before its cleanup."""
 
 _SENTENCE = (
     "the order was shipped on monday and should arrive within five business days unless "
