@@ -41,7 +41,7 @@ class Contract(BaseModel):
     (``model_fields_set`` is empty; ``exclude_unset`` does not apply): pydantic keeps a set of
     their names in every instance, up to 0.7 KB each, and a worker holds about ten contract
     instances per turn while the model thinks. The set is shared and never written: contracts
-    are frozen, and a copy (``model_copy``) shares it too. A contract that needs it (``worker.profiles.AgentProfile``) overrides ``model_post_init``."""
+    are frozen, and a copy (``model_copy``) shares it too. A contract that needs it (``worker.agents.AgentProfile``) overrides ``model_post_init``."""
 
     model_config = ConfigDict(
         frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False

@@ -2,7 +2,7 @@
 
 ``AgentState`` is the session layer; ``ExecutionState`` is the turn in progress
 (``None`` between turns). The session's message history is kept beside the
-state as an append-only list (see ``worker.store``), so that appending one
+state as an append-only list (see ``worker.session.store``), so that appending one
 message never rewrites the others; ``AgentState.history_len`` counts it.
 
 A step is saved in phases so that a redelivered work message resumes where the

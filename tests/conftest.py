@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from worker.scripted_model import ScriptedModel
+from worker.testing.scripted_model import ScriptedModel
 
 
 @pytest.fixture

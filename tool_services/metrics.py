@@ -1,7 +1,7 @@
 """A tool service's Prometheus metrics, on a ``CollectorRegistry`` that is passed in.
 
 The process runner (``tool_services.runner``) creates the registry, serves it on
-``/metrics`` with ``/livez`` and ``/readyz`` (``worker.http.HealthServer``) when
+``/metrics`` with ``/livez`` and ``/readyz`` (``contracts.runtime.health.HealthServer``) when
 ``LOOPWIRE_TOOLS__HTTP_PORT`` is set, and hands it to the server; an embedded
 ``ToolServer`` without one counts into a private registry. Tests never touch
 prometheus-client's global registry.
@@ -30,8 +30,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from contracts.runtime.metrics import TOOL_BUCKETS
 from tool_services.execute import RunOutcome
-from worker.metrics import TOOL_BUCKETS
 
 UNKNOWN_TOOL: Final = "_unknown"
 

@@ -1,4 +1,5 @@
-"""Discovery: tool service instances announce their tools in Redis; workers read the live ones.
+"""Discovery, the tool service's side: each instance announces its tools in Redis
+(``contracts.registry`` reads the live ones).
 
 Each instance writes ``HSET keys.tool_registry() <instance_id> <msgpack
 ToolAnnouncement>`` when it starts and every ``announce_interval_s``, with
@@ -6,10 +7,6 @@ ToolAnnouncement>`` when it starts and every ``announce_interval_s``, with
 shutdown. An instance that died simply stops refreshing: its announcement
 expires and its tools are no longer offered. An instance whose AMQP connection
 is down skips its heartbeat for the same reason.
-
-Workers call ``live_tools(redis)`` (a client with ``decode_responses=False``,
-the default, is expected; a decoding client works as long as the entries are
-valid UTF-8).
 """
 
 from __future__ import annotations
@@ -19,57 +16,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
 
 from redis.asyncio import Redis
 
 from contracts import keys
-from contracts.codec import DecodeError, decode, encode
+from contracts.codec import encode
+from contracts.registry import live_tools
 from contracts.tools import ToolAnnouncement, ToolDefinition
 
+__all__ = ["Announcer", "live_tools"]
+
 log = logging.getLogger("loopwire.tool_services")
-
-_DROP_IF_UNCHANGED: Final = """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  return redis.call('HDEL', KEYS[1], ARGV[1])
-end
-return 0
-"""
-
-
-async def live_tools(redis: Redis, now: float | None = None) -> dict[str, ToolDefinition]:
-    """Tool name → definition for every tool announced by an unexpired instance.
-
-    Expired and undecodable entries are removed (only if nobody rewrote them
-    meanwhile). When instances disagree about a tool (a rolling deploy), the
-    definition of the most recent announcement wins.
-    """
-    now = time.time() if now is None else now
-    registry = keys.tool_registry()
-    entries: dict[Any, Any] = await redis.hgetall(registry)
-    newest: dict[str, tuple[float, ToolDefinition]] = {}
-    stale: list[tuple[Any, Any]] = []
-    for instance, blob in entries.items():
-        raw = blob if isinstance(blob, bytes) else str(blob).encode()  # decode_responses=True
-        try:
-            announcement = decode(raw, ToolAnnouncement)
-        except DecodeError:
-            log.warning("dropping an undecodable tool announcement of %r", instance)
-            stale.append((instance, blob))
-            continue
-        if announcement.expires_at <= now:
-            stale.append((instance, blob))
-            continue
-        for definition in announcement.tools:
-            seen = newest.get(definition.name)
-            if seen is None or announcement.announced_at > seen[0]:
-                newest[definition.name] = (announcement.announced_at, definition)
-    if stale:
-        drop = redis.register_script(_DROP_IF_UNCHANGED)
-        for instance, blob in stale:
-            await drop(keys=[registry], args=[instance, blob])
-    return {name: definition for name, (_, definition) in sorted(newest.items())}
-
 
 class Announcer:
     """Keeps one instance's announcement fresh until stopped."""

@@ -29,12 +29,12 @@ from typing import cast
 
 from prometheus_client import CollectorRegistry
 
+from contracts.runtime.health import HealthServer
+from contracts.runtime.metrics import build_info
 from tool_services.metrics import ToolServiceMetrics
 from tool_services.sdk import ToolService
 from tool_services.server import ToolServer
 from tool_services.settings import Settings
-from worker.http import HealthServer
-from worker.metrics import build_info
 
 log = logging.getLogger("loopwire.tool_services")
 

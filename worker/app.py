@@ -22,27 +22,27 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from contracts import topology as t
+from contracts.runtime.health import HealthServer
 from worker import collector
-from worker.broker_gate import BrokerGate
-from worker.catalog import RegistryCatalog
-from worker.consumer import Consumer
-from worker.events import AmqpEventSink
+from worker.agents import AgentProfile, AgentProfiles
 from worker.heap import HeapTrimmer, malloc_trim
-from worker.http import HealthServer
 from worker.loop import Hook, Hooks, Loop
 from worker.metrics import CountingSink, WorkerMetrics, build_info
-from worker.model import OpenAIModel
-from worker.model_http import ModelClient, ModelHttpClient
-from worker.profiles import AgentProfile, AgentProfiles
-from worker.publish import ConfirmedPublisher
+from worker.model.adapter import OpenAIModel
+from worker.model.http import ModelClient, ModelHttpClient
 from worker.redaction import REDACT
 from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
-from worker.rpc import ToolRPC
+from worker.sequencer import TurnWork
+from worker.session.store import RedisStore, SessionHandle
 from worker.settings import Settings
-from worker.store import RedisStore, SessionHandle
-from worker.topology import TURNS_ARGUMENTS, declare
-from worker.turns import TurnWork
+from worker.transport.broker_gate import BrokerGate
+from worker.transport.catalog import RegistryCatalog
+from worker.transport.consumer import Consumer
+from worker.transport.events import AmqpEventSink
+from worker.transport.publish import ConfirmedPublisher
+from worker.transport.rpc import ToolRPC
+from worker.transport.topology import TURNS_ARGUMENTS, declare
 
 log = logging.getLogger("loopwire.worker")
 

@@ -2,7 +2,7 @@
 
 Nothing here touches prometheus-client's global registry: a worker process
 creates one registry, hands it to ``WorkerMetrics`` and serves it on
-``/metrics`` (``worker.http``); tests create their own registry per test.
+``/metrics`` (``contracts.runtime.health``); tests create their own registry per test.
 
 ``WorkerMetrics`` is the loop's ``LoopObserver`` (turns, steps, model calls,
 tool calls, empty-streak hints, iteration caps) and the transport's counter
@@ -38,21 +38,17 @@ Decisions:
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.gc_collector import GCCollector
-from prometheus_client.platform_collector import PlatformCollector
-from prometheus_client.process_collector import ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from contracts.events import EVENT_TYPES, Event
 from contracts.messages import Usage
+from contracts.runtime.metrics import TOOL_BUCKETS, build_info, package_version
 from contracts.turns import TurnResult
-from worker.loop.interfaces import EventSink, LoopObserver, ToolCallOutcome
+from worker.loop.ports import EventSink, LoopObserver, ToolCallOutcome
 
 __all__ = ["CountingSink", "WorkerMetrics", "build_info", "package_version", "sample_names"]
 
@@ -69,36 +65,12 @@ TOKEN_BUCKETS: Final = (
 TURN_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 STEP_BUCKETS: Final = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 STEPS_PER_TURN_BUCKETS: Final = (1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50)
-TOOL_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 STORE_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 )  # fmt: skip
 STORE_OPERATIONS: Final = (
     "accept", "lease", "renew", "release", "save", "load_messages", "read",
 )  # fmt: skip
-
-
-def package_version() -> str:
-    try:
-        return version("loopwire")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-def build_info(registry: CollectorRegistry, *, component: str, service: str) -> None:
-    """``loopwire_build_info`` plus the process, platform and GC collectors, on ``registry``."""
-    info = Info("loopwire_build", "The running loopwire build (value 1).", registry=registry)
-    info.info(
-        {
-            "version": package_version(),
-            "python_version": platform.python_version(),
-            "component": component,
-            "service": service,
-        }
-    )
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
 
 
 class WorkerMetrics(LoopObserver):

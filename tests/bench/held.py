@@ -29,8 +29,8 @@ import uvloop
 
 from tests.bench.micro import bench_request
 from tests.bench.procs import rss_bytes
-from worker.model import encode_body
-from worker.model_http import ModelClient, ModelHttpClient
+from worker.model.adapter import encode_body
+from worker.model.http import ModelClient, ModelHttpClient
 
 VARIANTS = ("plain_aiohttp", "openai_lean")
 HOLD_S = 120.0

@@ -24,10 +24,10 @@ from tests.bench.floor import RawRpc
 from tests.bench.procs import Proc
 from tests.bench.targets import ModelServer, chat_history
 from tests.bench.workload import AMQP_URL, SYSTEM_PROMPT, TOOL, tool_definition, turn_input
-from worker.loop.interfaces import ModelRequest
-from worker.model import OpenAIModel, build_body, encode_body
-from worker.model_http import ModelClient, ModelHttpClient
-from worker.rpc import ToolRPC
+from worker.loop.ports import ModelRequest
+from worker.model.adapter import OpenAIModel, build_body, encode_body
+from worker.model.http import ModelClient, ModelHttpClient
+from worker.transport.rpc import ToolRPC
 
 Call = Callable[[], Awaitable[Any]]
 
@@ -106,9 +106,9 @@ ADAPTER_VARIANTS = (
 - ``post_bytes_typed``: pre-encoded JSON as ``content``, still parsed into ``ChatCompletion``;
 - ``post_bytes_raw_httpx`` / ``_aiohttp``: pre-encoded bytes, ``cast_to=httpx2.Response`` and
   ``json.loads``, on httpx's transport / the client's aiohttp transport;
-- ``adapter_httpx`` / ``adapter_aiohttp``: ``worker.model.OpenAIModel.complete`` end to end
+- ``adapter_httpx`` / ``adapter_aiohttp``: ``worker.model.adapter.OpenAIModel.complete`` end to end
   (building the body from ``ChatMessage`` objects and parsing into ``ModelResponse``);
-- ``adapter_lean``: the same on ``worker.model_http.ModelClient`` over ``ModelHttpClient``
+- ``adapter_lean``: the same on ``worker.model.http.ModelClient`` over ``ModelHttpClient``
   (what the worker uses);
 - ``plain_aiohttp``: a bare aiohttp POST + ``json.loads`` (the floor's model call).
 """

@@ -1,4 +1,4 @@
-"""The bench's model: ``worker.scripted_model.ScriptedModel`` answering every request with one
+"""The bench's model: ``worker.testing.scripted_model.ScriptedModel`` answering every request with one
 tool call, after a configurable delay, plus a control port.
 
 Run: ``python -m tests.bench.model_server [--port P] [--control-port C]`` (default: ports the
@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.bench.workload import TOOL, TOOL_ARGUMENTS, turn_of
-from worker.scripted_model import Reply, ScriptedModel
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 
 class BenchModel:

@@ -20,6 +20,7 @@ from contracts import keys
 from contracts import topology as t
 from contracts.codec import decode, encode
 from contracts.messages import ChatMessage, ToolCall
+from contracts.registry import live_tools
 from contracts.state import AgentState, SessionContext
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from tests.bench import floor, floor_protocol
@@ -34,8 +35,7 @@ from tests.bench.workload import (
     history,
     turn_input,
 )
-from tool_services.registry import live_tools
-from worker.topology import declare
+from worker.transport.topology import declare
 
 
 class ModelServer:

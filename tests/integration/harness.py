@@ -29,7 +29,7 @@ from contracts import topology as t
 from contracts.codec import decode, encode
 from contracts.events import Event
 from contracts.tools import ToolAnnouncement, ToolCallReply, ToolCallRequest, ToolDefinition
-from worker.topology import declare
+from worker.transport.topology import declare
 
 AMQP_URL = os.environ.get("LOOPWIRE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS_URL = os.environ.get("LOOPWIRE_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -328,7 +328,7 @@ def assert_valid_transcript(messages: list[Any]) -> None:
 
 async def session_history(session_id: str, redis_url: str = REDIS_URL) -> list[Any]:
     """The session's stored history, as the worker wrote it."""
-    from worker.store import RedisStore
+    from worker.session.store import RedisStore
 
     redis = Redis.from_url(redis_url)
     try:

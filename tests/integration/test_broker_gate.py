@@ -16,10 +16,10 @@ from contracts import topology as t
 from contracts.codec import encode
 from contracts.work import StepWork
 from harness import AMQP_URL
-from worker.consumer import Consumer
 from worker.loop import EventSink
-from worker.publish import ConfirmedPublisher
-from worker.turns import Action, TurnWork
+from worker.sequencer import Action, TurnWork
+from worker.transport.consumer import Consumer
+from worker.transport.publish import ConfirmedPublisher
 
 
 class FailingSteps:

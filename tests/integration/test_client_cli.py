@@ -16,10 +16,10 @@ import pytest
 from contracts.client import LoopwireClient, TurnRejectedError, new_id
 from contracts.events import Event
 from harness import AMQP_URL, ROOT, CountingToolService, WorkerProcess, write_agents
-from worker.scripted_model import Reply, ScriptedModel
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
-LOOPWIRE = [sys.executable, "-m", "worker.cli"]
+LOOPWIRE = [sys.executable, "-m", "worker.cli.main"]
 
 
 def tool_then_answer(tool: str) -> Any:

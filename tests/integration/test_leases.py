@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio import Redis
 
 from contracts import keys
-from worker.leases import LeaseKeeper
-from worker.store import Lease, RedisStore, SessionHandle
+from worker.session.leases import LeaseKeeper
+from worker.session.store import Lease, RedisStore, SessionHandle
 
 TTL_S = 0.3
 

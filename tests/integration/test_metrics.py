@@ -38,13 +38,13 @@ from harness import (
     session_history,
     write_agents,
 )
+from worker.agents import AgentProfile
 from worker.loop import Blocked, Hook, HookContext, Loop, ToolInvocation
-from worker.loop.interfaces import LoopObserver, ToolUnavailableError
-from worker.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog
+from worker.loop.ports import LoopObserver, ToolUnavailableError
 from worker.metrics import WorkerMetrics, package_version
-from worker.model import OpenAIModel
-from worker.profiles import AgentProfile
-from worker.scripted_model import Reply, ScriptedModel
+from worker.model.adapter import OpenAIModel
+from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 HINT_TAIL = LoopLimits().empty_streak_hint.split(":count", 1)[1].strip()[:30]

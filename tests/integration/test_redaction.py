@@ -33,8 +33,8 @@ from harness import (
 )
 from worker.redaction.checks import iban_valid, luhn_valid
 from worker.redaction.vault import RedisVault
-from worker.scripted_model import Reply, ScriptedModel
-from worker.store import RedisStore
+from worker.session.store import RedisStore
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 from contracts import keys
 from contracts.state import AgentState, PendingStep
 from contracts.turns import InputMessage, TurnRequest
+from worker.agents import AgentProfile
 from worker.loop.records import Parked, new_execution
-from worker.profiles import AgentProfile
-from worker.store import RedisStore, StateFormat
+from worker.session.store import RedisStore, StateFormat
 
 
 @pytest.mark.parametrize(("written", "first_byte"), [("json", b"{"), ("msgpack", None)])

@@ -17,11 +17,11 @@ from support_rpc import RpcCaller, wait_announced, wait_until
 
 from contracts import keys
 from contracts.codec import decode_obj, encode
+from contracts.registry import live_tools
 from contracts.tools import ToolAnnouncement, ToolDefinition
 from contracts.topology import TOOLS_EXCHANGE, tool_queue
 from tool_services.calculator import create_service as create_calculator
 from tool_services.notes import create_service as create_notes
-from tool_services.registry import live_tools
 from tool_services.sdk import CallContext, ToolError, ToolService
 from tool_services.search import create_service as create_search
 

@@ -22,7 +22,7 @@ from harness import (
     WorkerProcess,
     write_agents,
 )
-from worker.scripted_model import Reply, ScriptedModel
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from contracts import keys
 from contracts.client import LoopwireClient, TurnHandle, new_id
+from contracts.registry import live_tools
 from harness import (
     AMQP_URL,
     REDIS_URL,
@@ -25,9 +26,8 @@ from harness import (
     session_history,
     write_agents,
 )
-from tool_services.registry import live_tools
-from worker.dlq import list_dead
-from worker.scripted_model import Reply, ScriptedModel
+from worker.cli.dlq import list_dead
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
 

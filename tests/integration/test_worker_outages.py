@@ -24,7 +24,7 @@ from harness import (
     session_history,
     write_agents,
 )
-from worker.scripted_model import Reply, ScriptedModel
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
 

@@ -37,7 +37,7 @@ from contracts.messages import ChatMessage, Usage
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolDefinition, idempotency_key
 from contracts.turns import LimitOverrides, LoopLimits, TurnError, TurnRequest, TurnResult
-from worker.profiles import AgentProfile
+from worker.agents import AgentProfile
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
 

@@ -26,8 +26,8 @@ from pydantic_settings import BaseSettings
 from tool_services.metrics import ToolServiceMetrics
 from tool_services.runner import load_factory
 from tool_services.settings import Settings as ToolSettings
+from worker.agents import AgentProfiles
 from worker.metrics import WorkerMetrics, build_info, package_version, sample_names
-from worker.profiles import AgentProfiles
 from worker.settings import Settings as WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -252,7 +252,7 @@ def test_compose_runs_real_modules_with_real_settings(monkeypatch: pytest.Monkey
         [
             "worker",
             "worker",
-            "worker.scripted_model",
+            "worker.testing.scripted_model",
             *(f"tool_services.{n}" for n in ("search", "calculator", "notes")),
         ]
     )

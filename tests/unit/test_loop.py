@@ -24,6 +24,7 @@ from contracts.messages import ChatMessage, Usage
 from contracts.state import AgentState, AgentStep, ModelResponse, ToolExecution
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, LimitOverrides, LoopLimits, TurnRequest, TurnResult
+from worker.agents import AgentProfile
 from worker.errors import RetryableError, StaleStateError
 from worker.loop import (
     Blocked,
@@ -35,11 +36,10 @@ from worker.loop import (
     ToolInvocation,
     new_execution,
 )
-from worker.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog, ToolFunction
-from worker.model import OpenAIModel
-from worker.model_http import ModelHttpClient
-from worker.profiles import AgentProfile
-from worker.scripted_model import Reply, ScriptedModel
+from worker.model.adapter import OpenAIModel
+from worker.model.http import ModelHttpClient
+from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog, ToolFunction
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 PROMPT = "You are the support agent of ACME."
 SESSION = "s1"

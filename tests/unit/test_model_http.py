@@ -13,7 +13,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from worker.model_http import ModelClient, ModelHttpClient, ResendableBody, _without_telemetry
+from worker.model.http import ModelClient, ModelHttpClient, ResendableBody, _without_telemetry
 
 
 class Server:

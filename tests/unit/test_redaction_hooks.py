@@ -15,18 +15,18 @@ from pydantic import ValidationError
 from contracts.events import ToolInvoked
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
+from worker.agents import AgentProfile, AgentProfiles
 from worker.app import hooks_for
 from worker.loop import Hooks, Loop
-from worker.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog
-from worker.model import OpenAIModel
-from worker.profiles import AgentProfile, AgentProfiles
+from worker.model.adapter import OpenAIModel
 from worker.redaction.checks import card_valid, iban_valid, luhn_valid
 from worker.redaction.config import RedactionConfig
 from worker.redaction.detectors import Detector
 from worker.redaction.redactor import Redactor
 from worker.redaction.service import Redaction
 from worker.redaction.vault import MemoryVault
-from worker.scripted_model import Reply, ScriptedModel
+from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 EMAIL = "erika.mustermann@example.org"
 IBAN = "DE89 3704 0044 0532 0130 00"

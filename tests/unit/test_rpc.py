@@ -11,7 +11,7 @@ from aiormq.exceptions import ChannelInvalidStateError, ConnectionClosed
 
 from contracts.tools import ToolCallRequest, ToolContext, ToolDefinition
 from worker.errors import RetryableError
-from worker.rpc import ToolRPC
+from worker.transport.rpc import ToolRPC
 
 
 class _Down:

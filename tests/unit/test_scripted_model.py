@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
 
-from worker.scripted_model import Reply, ScriptedModel
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 USER_HI: list[Any] = [{"role": "user", "content": "hi"}]
 

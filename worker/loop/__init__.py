@@ -2,7 +2,7 @@
 
 from worker.loop.engine import Finished, Loop, RunAgain, StepOutcome
 from worker.loop.hooks import Blocked, Hook, HookContext, Hooks, ToolInvocation
-from worker.loop.interfaces import (
+from worker.loop.ports import (
     EventSink,
     Model,
     ModelRequest,

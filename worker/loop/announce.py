@@ -9,7 +9,7 @@ import logging
 
 from contracts.events import EventData, EventType, TurnFinished, make_event
 from contracts.state import AgentState
-from worker.loop.interfaces import EventSink
+from worker.loop.ports import EventSink
 
 log = logging.getLogger("loopwire.loop")
 

@@ -47,11 +47,12 @@ from contracts.state import (
     ToolExecution,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
+from worker.agents import AgentProfile
 from worker.errors import ModelError
 from worker.loop.announce import announce
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext
-from worker.loop.interfaces import (
+from worker.loop.ports import (
     EventSink,
     LoopObserver,
     Model,
@@ -71,7 +72,6 @@ from worker.loop.records import (
 )
 from worker.loop.request import compile_messages, model_request
 from worker.loop.tools import ToolRunner
-from worker.profiles import AgentProfile
 
 log = logging.getLogger("loopwire.loop")
 

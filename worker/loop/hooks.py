@@ -14,7 +14,7 @@ from typing import Any
 from contracts.messages import ChatMessage
 from contracts.state import AgentState, AgentStep, ModelResponse, StopSignal, ToolExecution
 from contracts.turns import TurnResult
-from worker.profiles import AgentProfile
+from worker.agents import AgentProfile
 
 
 @dataclass(frozen=True, slots=True)

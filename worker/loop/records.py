@@ -9,7 +9,7 @@ from typing import Any
 from contracts.codec import encode_stored, read_stored
 from contracts.state import AgentState, ExecutionState, ModelResponse, SessionContext, StopSignal
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
-from worker.profiles import AgentProfile
+from worker.agents import AgentProfile
 
 
 def new_execution(

@@ -8,10 +8,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.tools import ToolDefinition
+from worker.agents import AgentProfile
 from worker.loop.hooks import Hook, HookContext, rewrites_messages
-from worker.loop.interfaces import ModelRequest, StateStore
+from worker.loop.ports import ModelRequest, StateStore
 from worker.loop.transcript import Transcript
-from worker.profiles import AgentProfile
 
 
 async def compile_messages(

@@ -25,10 +25,11 @@ from contracts.tools import (
     ToolDefinition,
     idempotency_key,
 )
+from worker.agents import AgentProfile
 from worker.errors import RetryableError, ToolCallError
 from worker.loop.guards import truncate
 from worker.loop.hooks import Blocked, Hook, HookContext, ToolInvocation
-from worker.loop.interfaces import (
+from worker.loop.ports import (
     UNKNOWN_TOOL,
     LoopObserver,
     StateStore,
@@ -39,7 +40,6 @@ from worker.loop.interfaces import (
     observe,
 )
 from worker.loop.records import turn_of
-from worker.profiles import AgentProfile
 
 log = logging.getLogger("loopwire.tools")
 

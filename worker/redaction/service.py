@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from contracts.turns import TurnResult
-from worker.profiles import AgentProfile, AgentProfiles
+from worker.agents import AgentProfile, AgentProfiles
 from worker.redaction import REDACT
 from worker.redaction.config import RedactionConfig
 from worker.redaction.detectors import Detector

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from worker.store import RedisStore, SessionHandle
+from worker.session.store import RedisStore, SessionHandle
 
 log = logging.getLogger("loopwire.leases")
 

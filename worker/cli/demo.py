@@ -8,7 +8,7 @@ everything it started (also on Ctrl-C or an error).
 The model is the endpoint configured with ``LOOPWIRE_MODEL__BASE_URL`` (plus
 ``LOOPWIRE_MODEL__API_KEY`` and ``LOOPWIRE_MODEL__MODEL``): a hosted model,
 vLLM, Ollama… With none configured it runs the local scripted demo model
-(``worker.demo_model``) and says so.
+(``worker.cli.demo_model``) and says so.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import aiohttp
 from redis.asyncio import Redis
 
 from contracts.client import LoopwireClient
-from tool_services.registry import live_tools
-from worker.cli_output import event_line
-from worker.demo_model import demo_model
+from contracts.registry import live_tools
+from worker.cli.demo_model import demo_model
+from worker.cli.output import event_line
 from worker.settings import Settings
 
 DEFAULT_QUESTION = "How does loopwire keep a tool from running twice, and what is 17 * 23?"

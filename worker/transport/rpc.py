@@ -33,8 +33,8 @@ from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
 from worker import failpoints
 from worker.errors import RetryableError, ToolCallError
-from worker.loop.interfaces import ToolUnavailableError
-from worker.publish import ConfirmedPublisher, properties
+from worker.loop.ports import ToolUnavailableError
+from worker.transport.publish import ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.rpc")
 

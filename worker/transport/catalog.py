@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
+from contracts.registry import live_tools
 from contracts.tools import ToolDefinition
-from tool_services.registry import live_tools
 
 
 class RegistryCatalog:

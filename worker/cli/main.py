@@ -1,7 +1,7 @@
 """The ``loopwire`` command line.
 
 Errors are one readable line on stderr with a non-zero exit code; see
-``worker.cli_turns`` for the exit codes of ``turn``.
+``worker.cli.turns`` for the exit codes of ``turn``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    from worker.cli_turns import CliError
+    from worker.cli.turns import CliError
 
     if args.command in ("turn", "tail", "dlq"):
         # the client libraries' own log lines would duplicate our one-line errors
@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return serve(args.name)
     if args.command == "turn":
-        from worker.cli_turns import run_turn_command
+        from worker.cli.turns import run_turn_command
 
         return asyncio.run(
             run_turn_command(
@@ -112,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
     if args.command == "tail":
-        from worker.cli_turns import run_tail_command
+        from worker.cli.turns import run_tail_command
 
         return asyncio.run(
             run_tail_command(
@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "dlq":
         return _dlq(args)
     if args.command == "demo":
-        from worker.demo import DEFAULT_QUESTION, run_demo
+        from worker.cli.demo import DEFAULT_QUESTION, run_demo
 
         return asyncio.run(run_demo(args.question or DEFAULT_QUESTION))
     if args.command == "schema":
@@ -133,8 +133,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _dlq(args: argparse.Namespace) -> int:
-    from worker.cli_turns import CliError
-    from worker.dlq import list_dead, replay
+    from worker.cli.dlq import list_dead, replay
+    from worker.cli.turns import CliError
 
     try:
         if args.dlq_command == "list":

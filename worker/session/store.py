@@ -45,7 +45,7 @@ from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
 from worker import failpoints
-from worker import store_scripts as scripts
+from worker.session import scripts
 from worker.errors import StaleStateError
 from worker.loop.transcript import StoredMessages
 

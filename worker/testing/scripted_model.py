@@ -8,7 +8,7 @@ are both reported by `ScriptedModel.assert_done`.  For many concurrent conversat
 arriving in arbitrary order, `ScriptedModel.respond_with` installs a fallback that
 chooses the reply from the request itself.
 
-Run ``python -m worker.scripted_model --port 8099 --echo`` for a standalone server
+Run ``python -m worker.testing.scripted_model --port 8099 --echo`` for a standalone server
 that answers every request with ``echo: <last user message>``.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from worker.scripted_replies import (
+from worker.testing.replies import (
     Reply,
     Responder,
     echo_responder,
@@ -321,7 +321,7 @@ async def _serve(host: str, port: int, model: str, echo: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m worker.scripted_model",
+        prog="python -m worker.testing.scripted_model",
         description="Scripted OpenAI-compatible chat-completions server.",
     )
     parser.add_argument("--host", default="127.0.0.1")

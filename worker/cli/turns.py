@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 from contracts.client import LoopwireClient, TurnHandle, TurnRejectedError
 from contracts.turns import LimitOverrides, TurnResult
-from worker.cli_output import print_event, print_result
+from worker.cli.output import print_event, print_result
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from worker.scripted_model import Reply, ScriptedModel
+from worker.testing.scripted_model import Reply, ScriptedModel
 
 STOPWORDS = frozenset(
     [

@@ -1,4 +1,4 @@
-"""The Lua scripts of the session store (``worker.store``), each one atomic step in Redis:
+"""The Lua scripts of the session store (``worker.session.store``), each one atomic step in Redis:
 take, renew and release a session's lease, save a step (only under the caller's lease, its
 fencing token, and on the version it loaded), accept a turn request."""
 

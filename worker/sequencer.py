@@ -3,7 +3,7 @@
 ``TurnWork.on_request`` accepts a ``TurnRequest`` (once per turn id) and queues it
 behind the session's earlier turns; ``TurnWork.on_step`` takes the session's
 lease, runs one step of its current turn and says what to publish next. The
-transport (``worker.consumer``) publishes the returned actions and only then
+transport (``worker.transport.consumer``) publishes the returned actions and only then
 acks.
 
 Ordering: a session's unfinished turns sit in a Redis list in arrival order;
@@ -29,11 +29,11 @@ from contracts.state import AgentState
 from contracts.turns import TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
+from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import PermanentError
-from worker.leases import LeaseKeeper
 from worker.loop import EventSink, Finished, Loop, new_execution
-from worker.profiles import AgentProfile, AgentProfiles
-from worker.store import RedisStore, SessionHandle
+from worker.session.leases import LeaseKeeper
+from worker.session.store import RedisStore, SessionHandle
 
 log = logging.getLogger("loopwire.turns")
 

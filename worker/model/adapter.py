@@ -50,9 +50,9 @@ from openai._models import FinalRequestOptions
 from contracts.messages import ChatMessage, ToolCall, Usage
 from contracts.state import ModelResponse
 from worker.errors import ModelError
-from worker.loop.interfaces import ModelRequest
+from worker.loop.ports import ModelRequest
 from worker.loop.transcript import wire_messages
-from worker.model_http import ResendableBody
+from worker.model.http import ResendableBody
 
 log = logging.getLogger("loopwire.model")
 

@@ -44,8 +44,8 @@ from worker import failpoints
 from worker.errors import PermanentError, RetryableError
 from worker.loop import EventSink
 from worker.metrics import WorkerMetrics
-from worker.publish import ConfirmedPublisher, properties
-from worker.turns import Action, Busy, Drop, Reply, Step, TurnWork
+from worker.sequencer import Action, Busy, Drop, Reply, Step, TurnWork
+from worker.transport.publish import ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.consumer")
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)

@@ -9,7 +9,7 @@ from aio_pika import DeliveryMode
 from contracts.codec import encode
 from contracts.events import Event
 from contracts.topology import CONTENT_TYPE
-from worker.publish import ConfirmedPublisher, properties
+from worker.transport.publish import ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.events")
 

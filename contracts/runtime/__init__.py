@@ -1,0 +1,1 @@
+"""What every loopwire process runs beside its work: the health/metrics HTTP server and build info."""
