@@ -28,6 +28,7 @@ __all__ = ["Announcer", "live_tools"]
 
 log = logging.getLogger("loopwire.tool_services")
 
+
 class Announcer:
     """Keeps one instance's announcement fresh until stopped."""
 

@@ -13,22 +13,16 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from contracts.base import AgentName, Contract
-from contracts.turns import LoopLimits
+from contracts.base import Contract
+from worker.loop.spec import AgentSpec
 from worker.redaction import REDACT
 from worker.redaction.config import RedactionConfig
 
 
-class AgentProfile(Contract):
-    name: AgentName
-    system_prompt: str | None = None
-    model: str | None = Field(default=None, description="Overrides the worker's default model.")
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    max_tokens: int | None = Field(default=None, ge=1)
-    tools: tuple[str, ...] = Field(
-        default=("*",), description="Tool names the agent may use; '*' allows every announced tool."
-    )
-    limits: LoopLimits = LoopLimits()
+class AgentProfile(AgentSpec):
+    """An agent as the agents file declares it: the loop's ``AgentSpec`` plus the hook sets to
+    enable and their configuration."""
+
     hooks: tuple[str, ...] = Field(default=(), description="Names of built-in hook sets to enable.")
     redaction: RedactionConfig = Field(
         default_factory=RedactionConfig,
@@ -44,9 +38,6 @@ class AgentProfile(Contract):
         if "redaction" in self.model_fields_set and REDACT not in self.hooks:
             raise ValueError(f"'redaction' is configured but {REDACT!r} is not in 'hooks'")
         return self
-
-    def allows(self, tool: str) -> bool:
-        return "*" in self.tools or tool in self.tools
 
 
 class AgentProfiles(Contract):

@@ -33,8 +33,10 @@ from worker.model.http import ModelClient, ModelHttpClient
 from worker.redaction import REDACT
 from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
-from worker.sequencer import TurnWork
-from worker.session.store import RedisStore, SessionHandle
+from worker.sequencer import SessionSequencer
+from worker.session.leases import LeaseKeeper
+from worker.session.port import StepSession
+from worker.session.store import RedisStore
 from worker.settings import Settings
 from worker.transport.broker_gate import BrokerGate
 from worker.transport.catalog import RegistryCatalog
@@ -68,7 +70,7 @@ def hooks_for(profile: AgentProfile, redaction: Redaction | None = None) -> Hook
             raise ValueError(f"agent {profile.name}: unknown hook set {name!r}")
         if redaction is None:
             raise ValueError(f"agent {profile.name}: hook set {REDACT!r} needs the worker's Redis")
-        enabled.append(redaction.hooks(profile))
+        enabled.append(redaction.hooks(profile.redaction))
     return Hooks(enabled)
 
 
@@ -138,10 +140,7 @@ class Worker:
             rpc = ToolRPC(rpc_channel, in_progress=self.metrics.tool_call_in_progress)
             await rpc.start()
             model = OpenAIModel(
-                client,
-                model=s.model.model,
-                bad_response_retries=s.model.bad_response_retries,
-                drop_sent_body=True,  # openai_client's HTTP client is a ModelHttpClient
+                client, model=s.model.model, bad_response_retries=s.model.bad_response_retries
             )
             catalog = RegistryCatalog(redis, cache_s=s.tools_cache_s)
             store = RedisStore(
@@ -152,19 +151,20 @@ class Worker:
                 state_format=s.state_format,
             )
 
-            def loop_factory(handle: SessionHandle, profile: AgentProfile) -> Loop:
+            def loop_factory(session: StepSession, profile: AgentProfile) -> Loop:
                 return Loop(
                     model=model,
                     tools=rpc,
                     catalog=catalog,
-                    store=handle,
+                    store=session,
                     events=sink,
                     hooks=hooks_for(profile, redaction),
                     observer=self.metrics,
                 )
 
-            work = TurnWork(
+            work = SessionSequencer(
                 store=store,
+                leases=LeaseKeeper(store),
                 profiles=self.profiles,
                 loop_factory=loop_factory,
                 events=sink,
@@ -173,7 +173,7 @@ class Worker:
             consumer = Consumer(
                 work=work,
                 publisher=ConfirmedPublisher(publish_channel),
-                dead_letter=topo.dead_letter,
+                dead_letters=ConfirmedPublisher(publish_channel, t.DEAD_LETTER_EXCHANGE),
                 events=sink,
                 busy_retry_s=s.busy_retry_s,
                 max_step_attempts=s.max_step_attempts,

@@ -4,6 +4,8 @@
 - ``PermanentError``: the work can never succeed; it is dead-lettered with ``code`` and a reason.
 - ``ToolCallError``: a tool call failed; the message goes back to the model as ``{"error": ...}``.
 - ``ModelError``: the model could not answer; the turn fails with ``code``.
+- ``CliError``: the ``loopwire`` command stops with one line and an exit code.
+- ``FailpointError``: an armed ``raise-<name>`` failpoint (tests of crash handling).
 """
 
 from __future__ import annotations
@@ -33,9 +35,25 @@ class ToolCallError(LoopwireError):
     """A tool call failed; its message is returned to the model."""
 
 
+class ToolUnavailableError(ToolCallError):
+    """No tool service can take the call (none bound, or the broker refused it)."""
+
+
 class ModelError(LoopwireError):
     """The model call failed for good (after the client's own retries)."""
 
     def __init__(self, message: str, *, code: str = "model_error") -> None:
         super().__init__(message)
         self.code = code
+
+
+class CliError(LoopwireError):
+    """An error the ``loopwire`` command shows as one line, with an exit code (1 unless said)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class FailpointError(LoopwireError):
+    """Raised at an armed ``raise-<name>`` failpoint: stands for any unexpected error."""

@@ -17,11 +17,9 @@ from __future__ import annotations
 import os
 import sys
 
+from worker.errors import FailpointError
+
 _ARMED = frozenset(filter(None, os.environ.get("LOOPWIRE_FAILPOINTS", "").split(",")))
-
-
-class FailpointError(RuntimeError):
-    """Raised at an armed ``raise-<name>`` failpoint."""
 
 
 def hit(point: str) -> None:

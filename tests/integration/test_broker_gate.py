@@ -17,7 +17,7 @@ from contracts.codec import encode
 from contracts.work import StepWork
 from harness import AMQP_URL
 from worker.loop import EventSink
-from worker.sequencer import Action, TurnWork
+from worker.sequencer import Action, SessionSequencer
 from worker.transport.consumer import Consumer
 from worker.transport.publish import ConfirmedPublisher
 
@@ -56,9 +56,9 @@ async def work_queue(uid: str) -> AsyncIterator[tuple[AbstractQueue, AbstractExc
 
 def consumer_for(work: FailingSteps, exchange: AbstractExchange, up: asyncio.Event) -> Consumer:
     return Consumer(
-        work=cast(TurnWork, work),
+        work=cast(SessionSequencer, work),
         publisher=ConfirmedPublisher(exchange.channel),
-        dead_letter=exchange,
+        dead_letters=ConfirmedPublisher(exchange.channel),
         events=cast(EventSink, None),
         busy_retry_s=0.05,
         broker_up=up,

@@ -19,7 +19,7 @@ from harness import AMQP_URL, ROOT, CountingToolService, WorkerProcess, write_ag
 from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
-LOOPWIRE = [sys.executable, "-m", "worker.cli.main"]
+LOOPWIRE = [sys.executable, "-m", "worker.cli"]
 
 
 def tool_then_answer(tool: str) -> Any:

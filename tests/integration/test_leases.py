@@ -11,15 +11,16 @@ from redis.asyncio import Redis
 
 from contracts import keys
 from worker.session.leases import LeaseKeeper
-from worker.session.store import Lease, RedisStore, SessionHandle
+from worker.session.port import StepSession
+from worker.session.store import RedisStore, SessionHandle
 
 TTL_S = 0.3
 
 
 async def take(store: RedisStore, session_id: str) -> SessionHandle:
-    lease = await store.lease(session_id)
-    assert lease is not None
-    return store.handle(lease)
+    handle = await store.take(session_id)
+    assert handle is not None
+    return handle
 
 
 async def test_a_held_lease_outlives_its_ttl_and_a_dropped_one_expires(
@@ -36,9 +37,9 @@ async def test_a_held_lease_outlives_its_ttl_and_a_dropped_one_expires(
     await asyncio.sleep(TTL_S * 4)
 
     token = await redis.get(keys.session_lease(f"s-{uid}"))
-    assert token is not None and int(token) == held.lease.token
+    assert token is not None and int(token) == held.token
     assert await redis.get(keys.session_lease(f"s-{uid}-2")) is None
-    assert await store.lease(f"s-{uid}") is None, "another worker got a lease still held"
+    assert await store.take(f"s-{uid}") is None, "another worker got a lease still held"
     keeper.drop(held)
     await asyncio.sleep(TTL_S * 1.5)
     assert await redis.get(keys.session_lease(f"s-{uid}")) is None
@@ -60,7 +61,7 @@ async def test_a_lost_lease_is_logged_and_no_longer_renewed(
     assert f"lost the lease of session s-{uid}" in caplog.text
     assert handle not in keeper.held
     token = await redis.get(keys.session_lease(f"s-{uid}"))
-    assert token is None or int(token) == other.lease.token
+    assert token is None or int(token) == other.token
 
 
 SLOW_TTL_S = 1.2
@@ -74,12 +75,12 @@ class SlowRenewals(RedisStore):
         super().__init__(redis, lease_ttl_s=SLOW_TTL_S)
         self.running = self.most = 0
 
-    async def renew(self, lease: Lease) -> bool:
+    async def renew(self, session: StepSession) -> bool:
         self.running += 1
         self.most = max(self.most, self.running)
         try:
             await asyncio.sleep(SLOW_TTL_S / 4)
-            return await super().renew(lease)
+            return await super().renew(session)
         finally:
             self.running -= 1
 
@@ -93,4 +94,4 @@ async def test_a_slow_renewal_is_not_sent_again_on_top_of_itself(redis: Redis, u
     keeper.drop(handle)
     assert store.most == 1
     token = await redis.get(keys.session_lease(f"s-{uid}"))
-    assert token is not None and int(token) == handle.lease.token
+    assert token is not None and int(token) == handle.token

@@ -39,8 +39,9 @@ from harness import (
     write_agents,
 )
 from worker.agents import AgentProfile
+from worker.errors import ToolUnavailableError
 from worker.loop import Blocked, Hook, HookContext, Loop, ToolInvocation
-from worker.loop.ports import LoopObserver, ToolUnavailableError
+from worker.loop.ports import LoopObserver
 from worker.metrics import WorkerMetrics, package_version
 from worker.model.adapter import OpenAIModel
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog

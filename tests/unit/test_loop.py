@@ -19,6 +19,7 @@ import httpx2
 import openai
 import pytest
 
+from contracts.codec import encode_stored
 from contracts.events import StepCompleted, ToolInvoked, TurnFinished
 from contracts.messages import ChatMessage, Usage
 from contracts.state import AgentState, AgentStep, ModelResponse, ToolExecution
@@ -38,6 +39,7 @@ from worker.loop import (
 )
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelHttpClient
+from worker.session.store import ParkedState
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog, ToolFunction
 from worker.testing.scripted_model import Reply, ScriptedModel
 
@@ -65,10 +67,7 @@ async def make_model(scripted_model: ScriptedModel) -> AsyncIterator[MakeModel]:
         )
         clients.append(client)
         return OpenAIModel(
-            client,
-            model="scripted-model",
-            bad_response_retries=bad_response_retries,
-            drop_sent_body=True,
+            client, model="scripted-model", bad_response_retries=bad_response_retries
         )
 
     try:
@@ -1486,11 +1485,15 @@ async def test_turn_past_its_deadline_is_cancelled_before_the_next_step(
 
 
 class CopyingStore(MemoryStore):
-    """A store whose saves hand back a copy: the loop's state objects are its own, as with
-    the Redis store."""
+    """A store whose saves hand back a copy and that parks states as bytes: the loop's state
+    objects are its own, as with the Redis store."""
 
     async def save(self, state: AgentState, **kwargs: Any) -> AgentState:
         return (await super().save(state, **kwargs)).model_copy()
+
+    def park(self, state: AgentState) -> ParkedState:
+        super().park(state)  # only a state as stored
+        return ParkedState(encode_stored(state), state.version)
 
 
 @pytest.mark.parametrize("steps_before", [0, 2])
@@ -1525,7 +1528,7 @@ async def test_while_the_model_thinks_the_loop_holds_no_state_objects(
         state = outcome.state
         del outcome
     stepping = rig.loop.step(state, agent)
-    del state
+    del state  # handed over, as the worker does
     finished = await stepping
     assert isinstance(finished, Finished)
     assert finished.result.content == "done"

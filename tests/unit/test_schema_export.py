@@ -23,7 +23,7 @@ def expected_files() -> set[str]:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli.main", *args],
+        [sys.executable, "-m", "worker.cli", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    from worker.cli.turns import CliError
+    from worker.errors import CliError
 
     if args.command in ("turn", "tail", "dlq"):
         # the client libraries' own log lines would duplicate our one-line errors
@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _dlq(args: argparse.Namespace) -> int:
     from worker.cli.dlq import list_dead, replay
-    from worker.cli.turns import CliError
+    from worker.errors import CliError
 
     try:
         if args.dlq_command == "list":
@@ -153,7 +153,3 @@ def _dlq(args: argparse.Namespace) -> int:
         raise CliError(f"no dead-lettered message with id {args.id!r} (see 'loopwire dlq list')")
     print(f"replayed {found.id} (turn {found.turn_id or '-'}) to the turn queue")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

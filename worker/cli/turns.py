@@ -17,19 +17,12 @@ from collections.abc import AsyncIterator
 from contracts.client import LoopwireClient, TurnHandle, TurnRejectedError
 from contracts.turns import LimitOverrides, TurnResult
 from worker.cli.output import print_event, print_result
+from worker.errors import CliError
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_TURN_FAILED = 3
 EXIT_MAX_ITERATIONS = 4
-
-
-class CliError(Exception):
-    """An error shown as one line, with an exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 async def run_turn_command(

@@ -6,13 +6,16 @@ from worker.loop.ports import (
     EventSink,
     Model,
     ModelRequest,
+    Parked,
     StateStore,
     ToolCaller,
     ToolCatalog,
 )
-from worker.loop.records import new_execution
+from worker.loop.spec import AgentSpec
+from worker.loop.turn import new_execution
 
 __all__ = [
+    "AgentSpec",
     "Blocked",
     "EventSink",
     "Finished",
@@ -22,6 +25,7 @@ __all__ = [
     "Loop",
     "Model",
     "ModelRequest",
+    "Parked",
     "RunAgain",
     "StateStore",
     "StepOutcome",

@@ -1,6 +1,6 @@
 """The turn loop, one step at a time.
 
-``Loop.step(state, profile)`` advances a turn by exactly one step and returns a
+``Loop.step(state, agent)`` advances a turn by exactly one step and returns a
 closed union: ``RunAgain`` (publish the next step) or ``Finished`` (the turn's
 result). Between its phases it saves through the ``StateStore`` so that a step
 interrupted anywhere resumes from the last saved point when it is run again:
@@ -17,17 +17,16 @@ interrupted anywhere resumes from the last saved point when it is run again:
    stop when the model called no tool, a hook asked to stop, or the iteration
    cap was reached.
 
-The same code serves an in-process turn (``run_turn``) and the distributed
-worker, which runs one step per delivery.
+Every way a turn ends goes through ``Loop.end``. The same code serves an in-process turn
+(``run_turn``) and the distributed worker, which runs one step per delivery.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from contracts.events import (
     EventData,
@@ -41,13 +40,13 @@ from contracts.messages import ChatMessage, Usage
 from contracts.state import (
     AgentState,
     AgentStep,
+    ModelResponse,
     PendingStep,
     StepExecution,
     StopSignal,
     ToolExecution,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
-from worker.agents import AgentProfile
 from worker.errors import ModelError
 from worker.loop.announce import announce
 from worker.loop.guards import apply_empty_streak
@@ -56,22 +55,16 @@ from worker.loop.ports import (
     EventSink,
     LoopObserver,
     Model,
+    Parked,
     StateStore,
     ToolCaller,
     ToolCatalog,
     observe,
 )
-from worker.loop.records import (
-    Parked,
-    closed,
-    new_execution,
-    turn_of,
-    turn_result,
-    unique_call_ids,
-    with_execution,
-)
 from worker.loop.request import compile_messages, model_request
-from worker.loop.tools import ToolRunner
+from worker.loop.spec import AgentSpec
+from worker.loop.tools import ToolRunner, unique_call_ids
+from worker.loop.turn import closed, new_execution, turn_of, turn_result, with_execution
 
 log = logging.getLogger("loopwire.loop")
 
@@ -92,6 +85,27 @@ class Finished:
 
 
 StepOutcome = RunAgain | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """A step waiting for the model: the state parked by the store, the answer to come, and
+    what the step records of the call."""
+
+    parked: Parked
+    answer: Awaitable[ModelResponse]
+    model: str | None
+    index: int
+    input_count: int
+    offered: tuple[str, ...]
+    started: float
+    called: float
+    stop: StopSignal | None
+
+
+_Phase = RunAgain | Finished | ModelCall
+"""Where the phase before the model call leaves a step: the tools are next (``RunAgain``), the
+turn is over, or the model has been asked."""
 
 
 class Loop:
@@ -122,43 +136,75 @@ class Loop:
             caller=tools, hooks=self.hooks, emit=self._emit, clock=clock, observer=self.observer
         )
 
-    async def step(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
-        """Advance the turn attached to ``state`` by one step."""
-        ex = turn_of(state)
-        if ex.status == "pending":
-            state = await self._start(state, profile)
-            ex = turn_of(state)
-            if ex.stop_signal is not None:
-                return await self._finish(state, profile, "stop", ex.last_content)
-        deadline = ex.request.deadline
-        if deadline is not None and self.clock() > deadline and ex.pending is None:
-            return await self._finish(state, profile, "cancelled", ex.last_content)
-        if ex.pending is None:
-            calling = self._call_model(state, profile)
-            del state, ex  # the call holds the state as bytes while the model thinks
-            outcome = await calling
-            if isinstance(outcome, Finished):
-                return outcome
-            state = outcome.state
-        state, unsaved = await self.tools.run_pending(state, profile, self.catalog, self.store)
-        return await self._complete_step(state, profile, unsaved)
+    def step(self, state: AgentState, agent: AgentSpec) -> Awaitable[StepOutcome]:
+        """Advance the turn attached to ``state`` by one step.
+
+        The state goes to the phase that runs before the model call; that phase ends before the
+        model is awaited, so while the model thinks only the store's parked copy of the state is
+        held (``StateStore.park``)."""
+        return self._step(self._before_model(state, agent), agent)
 
     async def run_turn(
-        self, state: AgentState | None, request: TurnRequest, profile: AgentProfile
+        self, state: AgentState | None, request: TurnRequest, agent: AgentSpec
     ) -> Finished:
         """Run a whole turn in this process, step after step."""
-        current = await self.store.save(new_execution(state, request, profile, self.clock()))
+        current = await self.store.save(new_execution(state, request, agent, self.clock()))
         while True:
-            outcome = await self.step(current, profile)
+            outcome = await self.step(current, agent)
             if isinstance(outcome, Finished):
                 return outcome
             current = outcome.state
 
+    async def _step(self, ready: Awaitable[_Phase], agent: AgentSpec) -> StepOutcome:
+        phase = await ready
+        if isinstance(phase, ModelCall):
+            phase = await self._after_model(phase, agent)
+        if isinstance(phase, Finished):
+            return phase
+        state, unsaved = await self.tools.run_pending(phase.state, agent, self.catalog, self.store)
+        return await self._complete_step(state, agent, unsaved)
+
     # -- phases ---------------------------------------------------------------
 
-    async def _start(self, state: AgentState, profile: AgentProfile) -> AgentState:
+    async def _before_model(self, state: AgentState, agent: AgentSpec) -> _Phase:
+        """Start the turn (first step), check its deadline, and send the model its request; or,
+        when the model's answer is saved already, go straight to the tools."""
         ex = turn_of(state)
-        ctx = HookContext(state=state, profile=profile, step=0)
+        if ex.status == "pending":
+            state = await self._start(state, agent)
+            ex = turn_of(state)
+            if ex.stop_signal is not None:
+                return await self.end(state, agent, "stop", ex.last_content)
+        deadline = ex.request.deadline
+        if deadline is not None and self.clock() > deadline and ex.pending is None:
+            return await self.end(state, agent, "cancelled", ex.last_content)
+        if ex.pending is not None:
+            return RunAgain(state)
+        index = len(ex.steps)
+        ctx = HookContext(state=state, agent=agent, step=index)
+        await self.hooks.before_step(ctx)
+        if ctx.stop_signal is not None:
+            stopped = with_execution(state, stop_signal=ctx.stop_signal)
+            return await self.end(stopped, agent, "stop", ex.last_content)
+        started = self.clock()
+        messages = await compile_messages(self.store, self.hooks, state, agent, ctx)
+        offered = [d for d in await self.catalog.available() if agent.allows(d.name)]
+        request = model_request(state, agent, messages, offered)
+        return ModelCall(
+            parked=self.store.park(state),
+            answer=self.model.complete(request),
+            model=request.model,
+            index=index,
+            input_count=len(messages),
+            offered=tuple(d.name for d in offered),
+            started=started,
+            called=self.clock(),
+            stop=ctx.stop_signal,
+        )
+
+    async def _start(self, state: AgentState, agent: AgentSpec) -> AgentState:
+        ex = turn_of(state)
+        ctx = HookContext(state=state, agent=agent, step=0)
         await self.hooks.before_execution(ctx)
         inputs = [message.to_chat() for message in ex.request.input]
         now = self.clock()
@@ -176,49 +222,29 @@ class Loop:
         observe(self.observer.turn_started, ex.request.agent)
         return state
 
-    async def _call_model(self, state: AgentState, profile: AgentProfile) -> StepOutcome:
-        ex = turn_of(state)
-        index = len(ex.steps)
-        ctx = HookContext(state=state, profile=profile, step=index)
-        await self.hooks.before_step(ctx)
-        if ctx.stop_signal is not None:
-            stopped = with_execution(state, stop_signal=ctx.stop_signal)
-            return await self._finish(stopped, profile, "stop", ex.last_content)
-        started = self.clock()
-        messages = await compile_messages(self.store, self.hooks, state, profile, ctx)
-        offered = [d for d in await self.catalog.available() if profile.allows(d.name)]
-        # While the model thinks only the adapter holds the history, and the state is held as
-        # bytes (``Parked``): nothing here keeps the objects of either.
-        parked, stop = Parked(state, self.store.stored(state)), ctx.stop_signal
-        reload = partial(self._compile_again, parked, profile, index, stop)
-        request = model_request(state, profile, messages, offered, reload)
-        model_name, input_count, turn_id = request.model, len(messages), ex.turn_id
-        names = tuple(d.name for d in offered)
-        call = self.model.complete(request)
-        del request, messages, offered, state, ex, ctx
-        called = self.clock()
+    async def _after_model(self, call: ModelCall, agent: AgentSpec) -> RunAgain | Finished:
+        """Wait for the model's answer, then save it (before any tool runs)."""
         try:
-            response = await call
+            response = await call.answer
         except ModelError as exc:
-            observe(self.observer.model_failed, model_name, exc.code, self.clock() - called)
-            log.warning("model call failed for turn %s: %s", turn_id, exc)
+            observe(self.observer.model_failed, call.model, exc.code, self.clock() - call.called)
+            state = call.parked.unpark()
+            log.warning("model call failed for turn %s: %s", turn_of(state).turn_id, exc)
             error = TurnError(code=exc.code, message=str(exc)[:4000])
-            state = parked.state()
-            last = turn_of(state).last_content
-            return await self._finish(state, profile, "error", last, error=error)
-        observe(self.observer.model_called, model_name, response.usage, self.clock() - called)
-        state = parked.state()
+            return await self.end(state, agent, "error", turn_of(state).last_content, error=error)
+        observe(self.observer.model_called, call.model, response.usage, self.clock() - call.called)
+        state = call.parked.unpark()
         ex = turn_of(state)
-        ctx = HookContext(state=state, profile=profile, step=index, stop_signal=stop)
+        ctx = HookContext(state=state, agent=agent, step=call.index, stop_signal=call.stop)
         response = await self.hooks.after_model(ctx, response)
-        response = unique_call_ids(response, ex, index)
+        response = unique_call_ids(response, ex, call.index)
         content = response.message.content
         pending = PendingStep(
-            index=index,
-            started_at=started,
-            input_count=input_count,
+            index=call.index,
+            started_at=call.started,
+            input_count=call.input_count,
             response=response,
-            offered=names,
+            offered=call.offered,
         )
         state = with_execution(
             state,
@@ -229,18 +255,8 @@ class Loop:
         )
         return RunAgain(await self._save(state, append=[response.message]))
 
-    async def _compile_again(
-        self, parked: Parked, profile: AgentProfile, index: int, stop: StopSignal | None
-    ) -> Sequence[ChatMessage]:
-        """The model request's messages built again (the adapter's retries), from the parked
-        state; a stop a hook asks for here is not taken (it asked already, or not, the first
-        time)."""
-        state = parked.state()
-        ctx = HookContext(state=state, profile=profile, step=index, stop_signal=stop)
-        return await compile_messages(self.store, self.hooks, state, profile, ctx)
-
     async def _complete_step(
-        self, state: AgentState, profile: AgentProfile, unsaved: Sequence[ToolExecution] = ()
+        self, state: AgentState, agent: AgentSpec, unsaved: Sequence[ToolExecution] = ()
     ) -> StepOutcome:
         """Judge the results and record the step; ``unsaved`` are results that this step's save
         stores (announced once it did)."""
@@ -266,7 +282,7 @@ class Loop:
             response=response,
             tool_executions=tuple(executions),
         )
-        ctx = HookContext(state=state, profile=profile, step=pending.index)
+        ctx = HookContext(state=state, agent=agent, step=pending.index)
         await self.hooks.after_step(ctx, step)
         now = self.clock()
         record = StepExecution(step=step, started_at=pending.started_at, completed_at=now)
@@ -274,16 +290,16 @@ class Loop:
         state = with_execution(
             state, steps=(*ex.steps, record), pending=None, empty_streak=streak, stop_signal=stop
         )
-        agent = ex.request.agent
+        agent_name = ex.request.agent
         outcome: StepOutcome
         if not calls:
-            outcome = await self._finish(
-                state, profile, "stop", response.message.content, step=record, invoked=unsaved
+            outcome = await self.end(
+                state, agent, "stop", response.message.content, step=record, invoked=unsaved
             )
         elif stop is not None:
-            outcome = await self._finish(
+            outcome = await self.end(
                 state,
-                profile,
+                agent,
                 "stop",
                 ex.last_content,
                 append=tool_messages,
@@ -291,30 +307,30 @@ class Loop:
                 invoked=unsaved,
             )
         elif len(ex.steps) + 1 >= ex.limits.max_tool_iterations:
-            outcome = await self._finish(
+            outcome = await self.end(
                 state,
-                profile,
+                agent,
                 "max_iterations",
                 ex.last_content,
                 append=tool_messages,
                 step=record,
                 invoked=unsaved,
             )
-            observe(self.observer.iteration_cap_hit, agent)
+            observe(self.observer.iteration_cap_hit, agent_name)
         else:
             # the step's last write: it also lets go of what the store holds for the step
             state = await self._save(state, append=tool_messages, release=True)
             await self._emit_step(state, record, invoked=unsaved)
             outcome = RunAgain(state)
         if hints:
-            observe(self.observer.empty_streak_hints, agent, hints)
-        observe(self.observer.step_completed, agent, record.duration_s)
+            observe(self.observer.empty_streak_hints, agent_name, hints)
+        observe(self.observer.step_completed, agent_name, record.duration_s)
         return outcome
 
-    async def _finish(
+    async def end(
         self,
         state: AgentState,
-        profile: AgentProfile,
+        agent: AgentSpec,
         reason: FinishReason,
         content: str | None,
         *,
@@ -323,11 +339,17 @@ class Loop:
         step: StepExecution | None = None,
         invoked: Sequence[ToolExecution] = (),
     ) -> Finished:
+        """End the turn: the one path every ending takes — the model answered, the iteration
+        cap, a hook's stop, the deadline, a failed model call, and a step that can never
+        succeed (the worker ends it with ``error``). ``after_execution`` hooks run, the observer
+        hears of it, the result is stored with the closed session (the store drops the turn's
+        transient messages and lets go of the session, naming its next turn), then the events:
+        ``step.completed`` for the step that ended it, if any, and the turn's end."""
         ex = turn_of(state)
         now = self.clock()
         result = turn_result(state, reason, content, error, now)
         await self.hooks.after_execution(
-            HookContext(state=state, profile=profile, step=len(ex.steps)), result
+            HookContext(state=state, agent=agent, step=len(ex.steps)), result
         )
         persist = ex.request.persist
         final = closed(state, appended=len(append) if persist else 0, now=now)

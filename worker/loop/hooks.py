@@ -14,7 +14,7 @@ from typing import Any
 from contracts.messages import ChatMessage
 from contracts.state import AgentState, AgentStep, ModelResponse, StopSignal, ToolExecution
 from contracts.turns import TurnResult
-from worker.agents import AgentProfile
+from worker.loop.spec import AgentSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class HookContext:
     metadata) is not kept."""
 
     state: AgentState
-    profile: AgentProfile
+    agent: AgentSpec
     step: int
     stop_signal: StopSignal | None = field(default=None)
 

@@ -12,7 +12,6 @@ from contracts.messages import ChatMessage, Usage
 from contracts.state import AgentState, ModelResponse
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.turns import TurnResult
-from worker.errors import ToolCallError
 
 log = logging.getLogger("loopwire.loop")
 P = ParamSpec("P")
@@ -36,19 +35,16 @@ class ModelRequest:
     max_tokens: int | None = None
     response_format: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    reload: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None
-    """The same ``messages`` again, read afresh (from the store): an adapter that has sent the
-    request need not keep it for a retry while the model thinks. ``None``: keep it."""
 
 
 class Model(Protocol):
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        """Answer or raise ``ModelError``."""
+    def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+        """The model's answer; the awaitable raises ``ModelError`` when there is none.
+
+        An adapter may take what it needs of ``request`` before it returns the awaitable (an
+        HTTP adapter encodes the body), so that nothing holds the request while the model
+        thinks."""
         ...
-
-
-class ToolUnavailableError(ToolCallError):
-    """Raised by a ``ToolCaller`` when no tool service can take the call (none bound, refused)."""
 
 
 class ToolCaller(Protocol):
@@ -69,11 +65,19 @@ class EventSink(Protocol):
         ...
 
 
+class Parked(Protocol):
+    """A state put aside by its store while the model thinks (``StateStore.park``)."""
+
+    def unpark(self) -> AgentState:
+        """The state as it was parked (its version included)."""
+        ...
+
+
 class StateStore(Protocol):
-    def stored(self, state: AgentState) -> bytes | None:
-        """The bytes this store last read or wrote for this very state object (not an equal
-        one), as ``contracts.codec.read_stored`` reads them, or ``None``: the loop holds a state
-        so while the model thinks instead of encoding it again. Handed out once."""
+    def park(self, state: AgentState) -> Parked:
+        """Put ``state`` aside while the model thinks, in whatever form costs the store least to
+        hold (the Redis store keeps the bytes it stores). Only a state as the store holds it is
+        parked: the one it read, or the one a save returned."""
         ...
 
     async def load_messages(self, state: AgentState) -> Sequence[ChatMessage]:

@@ -3,24 +3,23 @@ the hooks prepare them, with the call's parameters from the session and the agen
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.tools import ToolDefinition
-from worker.agents import AgentProfile
 from worker.loop.hooks import Hook, HookContext, rewrites_messages
 from worker.loop.ports import ModelRequest, StateStore
+from worker.loop.spec import AgentSpec
 from worker.loop.transcript import Transcript
 
 
 async def compile_messages(
-    store: StateStore, hooks: Hook, state: AgentState, profile: AgentProfile, ctx: HookContext
+    store: StateStore, hooks: Hook, state: AgentState, agent: AgentSpec, ctx: HookContext
 ) -> Sequence[ChatMessage]:
-    """The same again when called again within the step (the model adapter's retries): the
-    store and the session's redaction table only grow."""
+    """The system prompt and the conversation so far, as the hooks prepare them."""
     history = await store.load_messages(state)
-    prompt = state.context.system_prompt or profile.system_prompt
+    prompt = state.context.system_prompt or agent.system_prompt
     messages: Sequence[ChatMessage] = Transcript(
         ChatMessage.system(prompt) if prompt else None, history
     )
@@ -31,19 +30,17 @@ async def compile_messages(
 
 def model_request(
     state: AgentState,
-    profile: AgentProfile,
+    agent: AgentSpec,
     messages: Sequence[ChatMessage],
     tools: Sequence[ToolDefinition],
-    reload: Callable[[], Awaitable[Sequence[ChatMessage]]],
 ) -> ModelRequest:
     """The session's model settings over the agent's."""
     llm = state.llm
     return ModelRequest(
         messages=messages,
         tools=tools,
-        model=llm.model or profile.model,
-        temperature=llm.temperature if llm.temperature is not None else profile.temperature,
-        max_tokens=llm.max_tokens or profile.max_tokens,
+        model=llm.model or agent.model,
+        temperature=llm.temperature if llm.temperature is not None else agent.temperature,
+        max_tokens=llm.max_tokens or agent.max_tokens,
         response_format=state.context.response_format,
-        reload=reload,
     )

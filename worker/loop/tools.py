@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Protocol
 
 from contracts.events import EventData, EventType, ToolInvoked, ToolInvoking
 from contracts.messages import ToolCall
-from contracts.state import AgentState, ExecutionState, ToolExecution, ToolOutcome
+from contracts.state import AgentState, ExecutionState, ModelResponse, ToolExecution, ToolOutcome
 from contracts.tools import (
     ToolCallReply,
     ToolCallRequest,
@@ -25,8 +25,7 @@ from contracts.tools import (
     ToolDefinition,
     idempotency_key,
 )
-from worker.agents import AgentProfile
-from worker.errors import RetryableError, ToolCallError
+from worker.errors import RetryableError, ToolCallError, ToolUnavailableError
 from worker.loop.guards import truncate
 from worker.loop.hooks import Blocked, Hook, HookContext, ToolInvocation
 from worker.loop.ports import (
@@ -36,10 +35,10 @@ from worker.loop.ports import (
     ToolCaller,
     ToolCallOutcome,
     ToolCatalog,
-    ToolUnavailableError,
     observe,
 )
-from worker.loop.records import turn_of
+from worker.loop.spec import AgentSpec
+from worker.loop.turn import turn_of
 
 log = logging.getLogger("loopwire.tools")
 
@@ -99,7 +98,7 @@ class ToolRunner:
         self.observer = observer or LoopObserver()
 
     async def run_pending(
-        self, state: AgentState, profile: AgentProfile, catalog: ToolCatalog, store: StateStore
+        self, state: AgentState, agent: AgentSpec, catalog: ToolCatalog, store: StateStore
     ) -> ToolPhase:
         """Run every call of the pending step that has no saved result.
 
@@ -113,7 +112,7 @@ class ToolRunner:
         todo = [c for c in pending.response.message.tool_calls if pending.result_for(c.id) is None]
         if not todo:
             return ToolPhase(state, ())
-        offered = {d.name: d for d in await catalog.available() if profile.allows(d.name)}
+        offered = {d.name: d for d in await catalog.available() if agent.allows(d.name)}
         current = state
         running = len(todo)
         unsaved: list[ToolExecution] = []
@@ -121,7 +120,7 @@ class ToolRunner:
 
         async def run_one(call: ToolCall) -> None:
             nonlocal current, running
-            ctx = HookContext(state=current, profile=profile, step=pending.index)
+            ctx = HookContext(state=current, agent=agent, step=pending.index)
             execution, updates, failed_as = await self._execute(ctx, call, offered)
             observe(
                 self.observer.tool_executed,
@@ -296,6 +295,27 @@ class ToolRunner:
             step=step,
             call_id=execution.call_id,
         )
+
+
+def unique_call_ids(response: ModelResponse, ex: ExecutionState, step: int) -> ModelResponse:
+    """Tool call ids unique within the turn. The id is part of the call's idempotency key, so a
+    server that reuses ids (``call_0`` in every step) would otherwise get an earlier call's
+    stored reply; a reused or repeated id is suffixed with the step and position."""
+    calls = response.message.tool_calls
+    if not calls:
+        return response
+    seen = {e.call_id for record in ex.steps for e in record.step.tool_executions}
+    fixed = []
+    for position, call in enumerate(calls):
+        call_id = call.id
+        if call_id in seen:
+            call_id = f"{call.id[:200]}-{step}-{position}"
+        seen.add(call_id)
+        fixed.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
+    if fixed == list(calls):
+        return response
+    message = response.message.model_copy(update={"tool_calls": tuple(fixed)})
+    return response.model_copy(update={"message": message})
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -3,7 +3,7 @@
 The ``openai`` client is kept for its typed errors, its retries (429 and 5xx,
 with backoff, honouring ``Retry-After``) and its bounded timeouts. What it costs
 per call is not: ``chat.completions.create`` transforms the whole request
-recursively on every call (~10 ms of CPU with a 40-message history), and even
+recursively on every call, and even
 ``client.post`` with a dict body serializes it through the client and then
 builds typed pydantic models from the answer. So the adapter
 
@@ -14,18 +14,16 @@ builds typed pydantic models from the answer. So the adapter
 - asks the client for the raw ``httpx2.Response`` (``cast_to``), so the
   status handling, retries and error types are still the client's, and reads
   the few fields it needs from the body itself. It calls ``client.request``
-  with the options ``client.post`` would build (``_options``): one copy of
-  them fewer held per call.
+  with the options ``client.post`` would build (``worker.model.http``).
 
-While the model thinks, the body is the largest thing a turn holds. With
-``ModelHttpClient`` under the client (``drop_sent_body``) and a request that can
-read its messages again (``ModelRequest.reload``), the bytes are dropped once
-sent and a retry builds them again (``ResendableBody``).
+While the model thinks, the encoded body is the one copy of the request a turn
+holds: ``complete`` encodes it before it returns the awaitable, so the caller's
+messages are not kept for the call.
 
 The HTTP transport is chosen where the client is built (``worker.app``): the
-client's aiohttp transport (``openai.DefaultAioHttpClient``) costs about half
-of httpx's own connection pool per call, and much less under many concurrent
-calls. ``tests/bench`` measures every variant (``--scenario adapter``).
+client's aiohttp transport (``openai.DefaultAioHttpClient``), cheaper per call than
+httpx's own connection pool and more so under many concurrent calls;
+``tests/bench`` measures every variant (``--scenario adapter``).
 
 A 200 response whose body is not JSON, or not a chat completion, is not retried
 by the client; this adapter retries it a bounded number of times and then fails
@@ -37,22 +35,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx2
 import openai
 import orjson
 from openai import AsyncOpenAI
-from openai._models import FinalRequestOptions
 
 from contracts.messages import ChatMessage, ToolCall, Usage
 from contracts.state import ModelResponse
 from worker.errors import ModelError
 from worker.loop.ports import ModelRequest
 from worker.loop.transcript import wire_messages
-from worker.model.http import ResendableBody
+from worker.model.http import chat_options
 
 log = logging.getLogger("loopwire.model")
 
@@ -77,10 +73,10 @@ def build_body(request: ModelRequest, default_model: str) -> dict[str, Any]:
 def encode_body(request: ModelRequest, default_model: str) -> bytes:
     """The request as JSON bytes, encoded once (compact UTF-8, what the client sends).
 
-    orjson: a tenth of the standard encoder's CPU on a 20 KB history. Its output buffer is
-    larger than the JSON (32 KB for 20 KB); a body that cannot be built again is kept for the
-    whole model call (retries resend it), so it is copied to its exact size. What orjson cannot encode (an integer past
-    64 bits in a tool schema) goes through the standard encoder."""
+    orjson, for its speed; its output buffer is larger than the JSON, and the body is kept for
+    the whole model call (retries resend it), so it is copied to its exact size. What orjson
+    cannot encode (an integer past 64 bits in a tool schema) goes through the standard
+    encoder."""
     body = build_body(request, default_model)
     try:
         return memoryview(orjson.dumps(body)).tobytes()
@@ -136,34 +132,22 @@ def _tool_call(call: dict[str, Any]) -> ToolCall:
 class OpenAIModel:
     """``Model`` over an ``openai.AsyncOpenAI`` client."""
 
-    def __init__(
-        self,
-        client: AsyncOpenAI,
-        *,
-        model: str,
-        bad_response_retries: int = 2,
-        drop_sent_body: bool = False,
-    ) -> None:
+    def __init__(self, client: AsyncOpenAI, *, model: str, bad_response_retries: int = 2) -> None:
         self.client = client
         self.default_model = model
         self.bad_response_retries = bad_response_retries
-        self.drop_sent_body = drop_sent_body
-        """The client's HTTP client is a ``ModelHttpClient`` (it sends ``ResendableBody``)."""
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        body: Any = encode_body(request, self.default_model)
-        if self.drop_sent_body and request.reload is not None:
-            rebuild = _rebuilder(replace(request, messages=()), request.reload, self.default_model)
-            body = ResendableBody(body, rebuild)  # the client takes it for a rewindable file
-        # From here on only ``body`` is needed: a caller that hands the request over (keeps no
-        # reference) lets the decoded history go while the model thinks (~60 KB per turn in
-        # flight with a 40-message history).
-        del request
+    def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+        """Encode the request now; the answer comes from the returned awaitable, which holds
+        only the encoded body (the client's retries resend those very bytes)."""
+        return self._send(encode_body(request, self.default_model))
+
+    async def _send(self, body: bytes) -> ModelResponse:
         attempts = self.bad_response_retries + 1
         for attempt in range(1, attempts + 1):
             started = time.monotonic()
             try:
-                response = await self.client.request(httpx2.Response, _options(body))
+                response = await self.client.request(httpx2.Response, chat_options(body))
                 return parse_completion(orjson.loads(response.content), time.monotonic() - started)
             except openai.APIStatusError as exc:
                 raise ModelError(
@@ -184,28 +168,6 @@ class OpenAIModel:
                         code="model_bad_response",
                     ) from exc
         raise AssertionError("unreachable")
-
-
-def _rebuilder(
-    shape: ModelRequest,
-    reload: Callable[[], Awaitable[Sequence[ChatMessage]]],
-    default_model: str,
-) -> Callable[[], Awaitable[bytes]]:
-    """The body again, from ``shape`` (the request without its messages) and the messages read
-    afresh."""
-
-    async def rebuild() -> bytes:
-        return encode_body(replace(shape, messages=await reload()), default_model)
-
-    return rebuild
-
-
-def _options(body: Any) -> FinalRequestOptions:
-    """What ``client.post("/chat/completions", content=body)`` would pass on to
-    ``client.request``. Calling ``request`` directly keeps one fewer copy of the options (and
-    one fewer coroutine) alive while the model thinks: ``post`` holds its own until the call
-    returns, ``request`` lets go of the one it is given once it has copied it."""
-    return FinalRequestOptions.construct(method="post", url="/chat/completions", content=body)
 
 
 def _short(text: str, limit: int = 500) -> str:

@@ -12,77 +12,31 @@ httpx's client defaults, and not the ``openai`` client's ``X-Stainless-*`` telem
 Anything else (streaming, per-call auth, query parameters, cookies, a redirect
 to follow) takes the full ``httpx2`` path. Cookies are not kept between calls.
 
-A ``ResendableBody`` is sent once from memory and dropped; an attempt after that
-(the ``openai`` client's retries) builds it again. Both paths stream it with its
-``Content-Length``.
+Every use of the two packages' private surface is in this module (the client's
+request options, its URL preparation, httpx's client-default marker, the
+transport lookup and redirect building), so an upgrade that changes it breaks
+here and in ``tests/unit/test_model_http.py``, which checks that surface, and
+``pyproject.toml`` bounds both packages.
 """
 
 from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx2
 import openai
 from httpx2._client import USE_CLIENT_DEFAULT, UseClientDefault
+from openai._models import FinalRequestOptions
 
 
-class ResendableBody:
-    """A request body held only until it is first sent; a later attempt gets it from
-    ``rebuild``, which must give the same bytes (a body that comes out a different size
-    fails that attempt).
-
-    A 20 KB body kept for the client's retries would be the largest thing a turn holds while
-    the model thinks. The ``openai`` client retries a body it can rewind (``seek``): this one
-    says it can, and ``ModelHttpClient`` sends it."""
-
-    __slots__ = ("_data", "_rebuild", "size")
-
-    def __init__(self, data: bytes, rebuild: Callable[[], Awaitable[bytes]]) -> None:
-        self._data: bytes | None = data
-        self._rebuild = rebuild
-        self.size = len(data)
-
-    async def take(self) -> bytes:
-        data, self._data = self._data, None
-        if data is None:
-            data = await self._rebuild()
-            if len(data) != self.size:
-                raise ValueError(
-                    f"the request body was {self.size} bytes and is {len(data)} when built again"
-                )
-        return data
-
-    # What the openai client checks before a retry; it reads nothing itself.
-    def read(self) -> bytes:
-        raise TypeError("a ResendableBody is sent by ModelHttpClient, not read")
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return 0
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return 0
-
-
-class _SendOnce(httpx2.AsyncByteStream):
-    def __init__(self, body: ResendableBody) -> None:
-        self.body = body
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield await self.body.take()  # nothing here keeps the bytes once they are written
-
-
-def _without_telemetry(headers: Any, *, length: int | None = None) -> list[tuple[str, str]]:
+def _without_telemetry(headers: Any) -> list[tuple[str, str]]:
     """The openai client's headers without its ``X-Stainless-*`` telemetry (SDK, OS, runtime,
-    retry count: nine of its thirteen headers), which every request would otherwise carry and
-    hold while the model thinks, and with ``Content-Length`` when ``length`` is given. The
-    openai client builds them afresh for every attempt and passes them as ``(name, value)``
-    pairs, which are filtered as they are (anything else is read through ``httpx2.Headers``)."""
+    retry count: most of its headers), which every request would otherwise carry and hold
+    while the model thinks. The openai client builds them afresh for every attempt and passes
+    them as ``(name, value)`` pairs, which are filtered as they are (anything else is read
+    through ``httpx2.Headers``)."""
     if headers is None:
         items: Any = ()
     elif isinstance(headers, list) and all(
@@ -91,17 +45,20 @@ def _without_telemetry(headers: Any, *, length: int | None = None) -> list[tuple
         items = headers
     else:
         items = httpx2.Headers(headers).multi_items()
-    drop = ("x-stainless-", "content-length") if length is not None else ("x-stainless-",)
-    kept = [(k, v) for k, v in items if not k.lower().startswith(drop)]
-    if length is not None:
-        kept.append(("Content-Length", str(length)))
-    return kept
+    return [(k, v) for k, v in items if not k.lower().startswith("x-stainless-")]
+
+
+def chat_options(body: bytes) -> FinalRequestOptions:
+    """What ``client.post("/chat/completions", content=body)`` would pass on to
+    ``client.request``; calling ``request`` directly keeps one fewer copy of the options alive
+    while the model thinks."""
+    return FinalRequestOptions.construct(method="post", url="/chat/completions", content=body)
 
 
 class ModelClient(openai.AsyncOpenAI):
     """The ``openai`` client, parsing the URL of a path once: for every call it would parse
-    the path, join it to its base URL and parse the result again (~25 us of a call's ~100 us
-    of request building). The URL is built again when the path or the base URL changes."""
+    the path, join it to its base URL and parse the result again. The URL is built again when
+    the path or the base URL changes."""
 
     _prepared: tuple[str, httpx2.URL, httpx2.URL] | None = None
 
@@ -145,11 +102,7 @@ class ModelHttpClient(openai.DefaultAioHttpClient):
         timeout: Any = USE_CLIENT_DEFAULT,
         extensions: Any = None,
     ) -> httpx2.Request:
-        if isinstance(content, ResendableBody):
-            headers = _without_telemetry(headers, length=content.size)
-            content = _SendOnce(content)
-        else:
-            headers = _without_telemetry(headers)
+        headers = _without_telemetry(headers)
         if (
             data is None
             and files is None

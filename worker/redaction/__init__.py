@@ -17,7 +17,7 @@ its ``redaction`` block (``worker.redaction.config``). The hook set
   tool error that echoes an argument is redacted like a result);
 - the publisher's copy of the final answer has its placeholders restored when
   ``restore_answer`` is on (default). The stored ``TurnResult`` and the
-  ``turn.completed`` event keep the placeholders (``TurnWork(deliver=...)``).
+  ``turn.completed`` event keep the placeholders (``SessionSequencer(deliver=...)``).
 
 Decisions:
 

@@ -1,6 +1,6 @@
 """What the worker holds for the ``redact`` hook set: the vault and one redactor per profile.
 
-``hooks(profile)`` is called for every step and is cheap: the profile's
+``hooks(config)`` is called for every step and is cheap: the configuration's
 detector (compiled patterns and its cache of scanned texts) is built once.
 ``deliver_for(profiles)`` is the publisher's side: the copy of a result sent to
 the reply queue, with placeholders restored when the agent's profile asks for it.
@@ -44,9 +44,9 @@ class Redaction:
         self._redactors[id(config)] = (config, redactor)
         return redactor
 
-    def hooks(self, profile: AgentProfile) -> RedactionHooks:
-        """A fresh hook set for one step of ``profile``'s agent."""
-        return RedactionHooks(self.redactor(profile.redaction))
+    def hooks(self, config: RedactionConfig) -> RedactionHooks:
+        """A fresh hook set for one step of an agent configured with ``config``."""
+        return RedactionHooks(self.redactor(config))
 
     async def publisher_copy(self, profile: AgentProfile | None, result: TurnResult) -> TurnResult:
         """``result`` with the session's placeholders restored, if ``profile`` asks for it."""
@@ -61,7 +61,7 @@ class Redaction:
         return result.model_copy(update={"content": restored.value})
 
     def deliver_for(self, profiles: AgentProfiles) -> Deliver:
-        """``TurnWork``'s ``deliver``: the publisher's copy of a result of any agent."""
+        """``SessionSequencer``'s ``deliver``: the publisher's copy of a result of any agent."""
 
         async def deliver(result: TurnResult) -> TurnResult:
             return await self.publisher_copy(profiles.get(result.agent), result)

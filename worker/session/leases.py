@@ -3,7 +3,7 @@
 A step takes its session's lease (TTL ``lease_ttl_s``) and must keep it while it runs, however
 long the model thinks. Most steps end long before a renewal is due, so a timer per step would
 be set and cancelled for nothing (and held, with its handle and context, by every turn in
-flight). Here a step registers its ``SessionHandle`` (``hold``) and drops it when done; one
+flight). Here a step registers its ``StepSession`` (``hold``) and drops it when done; one
 timer ticks every sixth of the TTL while any is held and renews, concurrently, each lease held
 for a third of its TTL or more since it was taken or last renewed — so no lease goes longer than
 half its TTL without a renewal. A renewal that fails (Redis briefly away) is tried again at the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from worker.session.store import RedisStore, SessionHandle
+from worker.session.port import SessionStore, StepSession
 
 log = logging.getLogger("loopwire.leases")
 
@@ -25,24 +25,24 @@ log = logging.getLogger("loopwire.leases")
 class LeaseKeeper:
     __slots__ = ("_renewals", "_timer", "held", "interval", "renewing", "store")
 
-    def __init__(self, store: RedisStore) -> None:
+    def __init__(self, store: SessionStore) -> None:
         self.store = store
-        self.interval = store.lease_ms / 3000
+        self.interval = store.lease_ttl_s / 3
         """A lease held this long (a third of its TTL, in seconds) is due for renewal."""
-        self.held: dict[SessionHandle, float] = {}
+        self.held: dict[StepSession, float] = {}
         """Every handle held, with the loop time its lease was taken or last renewed."""
-        self.renewing: set[SessionHandle] = set()
+        self.renewing: set[StepSession] = set()
         """Handles with a renewal in flight (Redis slow): not sent again on top of it."""
         self._timer: asyncio.TimerHandle | None = None
         self._renewals: set[asyncio.Task[None]] = set()
 
-    def hold(self, handle: SessionHandle) -> None:
+    def hold(self, handle: StepSession) -> None:
         loop = asyncio.get_running_loop()
         self.held[handle] = loop.time()
         if self._timer is None:
             self._timer = loop.call_later(self.interval / 2, self._tick)
 
-    def drop(self, handle: SessionHandle) -> None:
+    def drop(self, handle: StepSession) -> None:
         self.held.pop(handle, None)
 
     def _tick(self) -> None:
@@ -60,15 +60,14 @@ class LeaseKeeper:
             task.add_done_callback(self._renewals.discard)
         self._timer = loop.call_later(self.interval / 2, self._tick) if self.held else None
 
-    async def _renew(self, due: list[SessionHandle]) -> None:
+    async def _renew(self, due: list[StepSession]) -> None:
         await asyncio.gather(*(self._renew_one(handle) for handle in due))
 
-    async def _renew_one(self, handle: SessionHandle) -> None:
-        lease = handle.lease
+    async def _renew_one(self, handle: StepSession) -> None:
         try:
-            renewed = await self.store.renew(lease)
+            renewed = await self.store.renew(handle)
         except Exception as exc:
-            log.warning("could not renew the lease of session %s: %s", lease.session_id, exc)
+            log.warning("could not renew the lease of session %s: %s", handle.session_id, exc)
             return  # tried again at the next tick
         finally:
             self.renewing.discard(handle)
@@ -77,5 +76,5 @@ class LeaseKeeper:
         if renewed:
             self.held[handle] = asyncio.get_running_loop().time()
         else:
-            log.warning("lost the lease of session %s", lease.session_id)
+            log.warning("lost the lease of session %s", handle.session_id)
             self.held.pop(handle, None)

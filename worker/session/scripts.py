@@ -29,16 +29,21 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 
 return 0
 """
 
-# KEYS: lease state list result turns queue requests
+# KEYS: lease state list result turns queue requests transient
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
 #       n, msg...
+# ``list`` is where the messages go (the history, or a persist: false turn's own list, which
+# ``transient`` names and a result deletes).
 SAVE: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
 local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
 if v ~= tonumber(ARGV[2]) then return redis.error_reply('STALE version ' .. v) end
 redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3])
 local n = tonumber(ARGV[8])
-if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 9, 8 + n)) end
+if n > 0 then
+  redis.call('RPUSH', KEYS[3], unpack(ARGV, 9, 8 + n))
+  redis.call('EXPIRE', KEYS[3], ARGV[5])
+end
 local head = ''
 if ARGV[6] ~= '' then
   local ttl = tonumber(ARGV[5])
@@ -46,6 +51,7 @@ if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[5], ARGV[7], 'done')
   if redis.call('LINDEX', KEYS[6], 0) == ARGV[7] then redis.call('LPOP', KEYS[6]) end
   redis.call('HDEL', KEYS[7], ARGV[7])
+  redis.call('DEL', KEYS[8])
   head = redis.call('LINDEX', KEYS[6], 0) or ''
   for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
   redis.call('EXPIRE', KEYS[7], ttl)

@@ -13,26 +13,24 @@ Layout (keys from ``contracts.keys``, all under the session's hash tag):
   status of every turn it accepted, the requests of turns not yet started;
 - ``turn:<id>:result``: the stored ``TurnResult``.
 
+Every key of a session lives as long as the session (``ttl_s``), renewed when a turn ends; a
+``persist: false`` turn's message list gets the same expiry when written and is deleted when
+the turn ends.
+
 Every write is one Lua script that first checks the caller still holds the
 lease (its token) and that the state's version is the one it loaded, so a
 stale worker can never overwrite a newer one.
 
-Round trips per step: the lease script also returns the session history, and
-the step's ``SessionHandle`` keeps it current with what it appends itself (no
-other writer can append while the lease is held) until the loop compiles the
-model request from it; nothing of it is kept after that (the step then waits
-seconds for the model, with thousands of steps in flight). Messages are
-decoded in one batch. A step's last save also lets go of the lease (``release``),
-so a step costs three scripts: lease, model answer, step.
+Round trips per step: the lease script also returns the state and the session history, and
+a step's last save also lets go of the lease (``release``), so a step costs three scripts:
+lease, model answer, step. Messages are decoded in one batch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 import msgpack
@@ -45,9 +43,10 @@ from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
 from worker import failpoints
-from worker.session import scripts
 from worker.errors import StaleStateError
 from worker.loop.transcript import StoredMessages
+from worker.session import scripts
+from worker.session.port import Accepted, StepSession
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
 Timed = Callable[[str], AbstractContextManager[object]]
@@ -57,29 +56,6 @@ StateFormat = Literal["json", "msgpack"]
 
 def _untimed(_operation: str) -> AbstractContextManager[object]:
     return contextlib.nullcontext()
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    """What ``accept`` found: ``start`` (run it now), ``queued`` (behind others),
-    ``pending`` (a duplicate of a turn not finished), ``done`` (a duplicate; ``result``)."""
-
-    status: str
-    result: TurnResult | None = None
-    ahead: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    session_id: str
-    token: int
-    state: AgentState | None
-    history: list[bytes] | None = None
-    """The session history read with the lease, as chunks of a msgpack stream (one message after
-    another, the script returns them as one string); the step's ``SessionHandle`` takes it over
-    and empties it, so the raw bytes are not kept for the whole step."""
-    blob: bytes | None = None
-    """``state`` as stored (without its version)."""
 
 
 class RedisStore:
@@ -99,6 +75,7 @@ class RedisStore:
         self.state_format = state_format
         """How states are written (both are read): ``json``, or ``msgpack`` as versions before
         this one wrote it and read only it — for a rolling upgrade from them."""
+        self.lease_ttl_s = lease_ttl_s
         self.lease_ms = int(lease_ttl_s * 1000)
         self.ttl_s = ttl_s
         self._begin = redis.register_script(scripts.BEGIN)
@@ -125,15 +102,16 @@ class RedisStore:
             return Accepted("done", result=decode(payload, TurnResult))
         if status == "queued":
             return Accepted("queued", ahead=int(payload))
-        return Accepted(status)
+        return Accepted("start" if status == "start" else "pending")
 
     async def reply_to(self, session_id: str, turn_id: str) -> str | None:
         """Where the turn's publisher wanted its result (kept after the turn finished)."""
         value = await self.redis.hget(keys.session_replies(session_id), turn_id)
         return value.decode() if isinstance(value, bytes) else value
 
-    async def lease(self, session_id: str) -> Lease | None:
-        """Take the session's lease and load its state; ``None`` when another worker holds it."""
+    async def take(self, session_id: str) -> SessionHandle | None:
+        """Take the session's lease and load its state and history; ``None`` when another
+        worker holds it."""
         with self.timed("lease"):
             reply = await self._begin(
                 keys=[
@@ -146,25 +124,27 @@ class RedisStore:
             )
         if not reply[0]:
             return None
-        state = blob = None
+        state = stored = None
         if reply[2]:
             blob = _bytes(reply[2])
             state = read_stored(blob, AgentState)
             if reply[1] is not None:  # the version lives beside the blob
                 state = state.model_copy(update={"version": int(reply[1])})
-        return Lease(session_id, int(reply[0]), state, [_bytes(reply[3])], blob)
+            stored = (state.version, blob)
+        return SessionHandle(self, session_id, int(reply[0]), state, stored, [_bytes(reply[3])])
 
-    async def renew(self, lease: Lease) -> bool:
+    async def renew(self, session: StepSession) -> bool:
         with self.timed("renew"):
             return bool(
                 await self._renew(
-                    keys=[keys.session_lease(lease.session_id)], args=[lease.token, self.lease_ms]
+                    keys=[keys.session_lease(session.session_id)],
+                    args=[session.token, self.lease_ms],
                 )
             )
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, session: StepSession) -> None:
         with self.timed("release"):
-            await self._release(keys=[keys.session_lease(lease.session_id)], args=[lease.token])
+            await self._release(keys=[keys.session_lease(session.session_id)], args=[session.token])
 
     async def head(self, session_id: str) -> str | None:
         with self.timed("read"):
@@ -190,50 +170,80 @@ class RedisStore:
             return encode(state.model_copy(update={"version": 0}))  # as earlier versions wrote it
         return encode_stored(state, exclude={"version"})  # the version lives beside the blob
 
-    def handle(self, lease: Lease) -> SessionHandle:
-        return SessionHandle(self, lease)
+
+class ParkedState:
+    """A state held as the bytes it is stored as, with its version (kept beside them)."""
+
+    __slots__ = ("blob", "version")
+
+    def __init__(self, blob: bytes, version: int) -> None:
+        self.blob = blob
+        self.version = version
+
+    def unpark(self) -> AgentState:
+        state = read_stored(self.blob, AgentState)
+        if state.version != self.version:
+            state = state.model_copy(update={"version": self.version})
+        return state
 
 
 class SessionHandle:
-    """``StateStore`` for one step under one lease; remembers the next queued turn on finish."""
+    """``StepSession`` of the Redis store: one step under one lease.
 
-    __slots__ = ("_history", "_state", "_stored", "lease", "next_turn", "released", "store")
+    While the model thinks (seconds, with thousands of turns in flight) a state is held as the
+    bytes it is stored as (``park``): the objects of a state are several times their stored
+    size and grow with every step. The handle remembers the bytes it last read or wrote, with
+    their version, where the loop asks the model next (no step pending), so that parking that
+    state does not encode it again; the session history read with the lease is handed out once
+    and kept current with what the step appends (no other writer appends while the lease is
+    held)."""
 
-    def __init__(self, store: RedisStore, lease: Lease) -> None:
+    __slots__ = (
+        "_history",
+        "_state",
+        "_stored",
+        "next_turn",
+        "released",
+        "session_id",
+        "store",
+        "token",
+    )
+
+    def __init__(
+        self,
+        store: RedisStore,
+        session_id: str,
+        token: int,
+        state: AgentState | None,
+        stored: tuple[int, bytes] | None,
+        history: list[bytes] | None,
+    ) -> None:
         self.store = store
-        self.lease = replace(lease, state=None, blob=None)
-        self._state = lease.state
-        self._stored: tuple[weakref.ref[AgentState], bytes] | None = None
-        """The state last read or written and its bytes (``stored``), kept only where the loop
-        asks the model next (no step pending); the state itself is not kept."""
-        if lease.state is not None and lease.blob is not None and _asks_model(lease.state):
-            self._stored = (weakref.ref(lease.state), lease.blob)
+        self.session_id = session_id
+        self.token = token
+        self._state = state
+        self._stored = stored if state is not None and _asks_model(state) else None
+        self._history = history
         self.next_turn: str | None = None
         self.released = False
-        """The lease was let go by a save (``release`` or a result): the step wrote its last."""
-        self._history = lease.history
-        """The session history read with the lease plus what this step appended since; handed
-        out once (``load_messages``), then dropped."""
 
     def take_state(self) -> AgentState | None:
-        """The state read with the lease, handed out once: while the step runs, the copies the
-        step made of it are the only ones kept."""
         state, self._state = self._state, None
         return state
 
-    def stored(self, state: AgentState) -> bytes | None:
-        held, self._stored = self._stored, None
-        return held[1] if held is not None and held[0]() is state else None
+    def park(self, state: AgentState) -> ParkedState:
+        stored, self._stored = self._stored, None
+        if stored is not None and stored[0] == state.version:
+            return ParkedState(stored[1], state.version)
+        return ParkedState(encode_stored(state), state.version)
 
     async def load_messages(self, state: AgentState) -> StoredMessages:
         redis = self.store.redis
         sid = state.session_id
         ex = state.execution
         if self._history is not None and (ex is None or ex.request.persist):
-            messages = StoredMessages(_unpack(self._history))
-            self._history.clear()  # the same list as ``lease.history``: free the bytes now
-            self._history = None
-            return messages
+            history, self._history = self._history, None
+            return StoredMessages(_unpack(history))
         with self.store.timed("load_messages"):
             if ex is None or ex.request.persist:
                 items = await redis.lrange(keys.session_history(sid), 0, -1)
@@ -257,12 +267,13 @@ class SessionHandle:
         ex = state.execution
         release = release or result is not None
         turn_id = result.turn_id if result else (ex.turn_id if ex else "")
+        # a finished turn's state has no execution: its messages went where the turn said
         transient = ex is not None and not ex.request.persist
         target = keys.turn_transient(sid, turn_id) if transient else keys.session_history(sid)
         appended = [encode(m) for m in append]
         blob = self.store.encode_state(state)
         args: list[Any] = [
-            self.lease.token,
+            self.token,
             state.version,
             blob,
             "1" if release else "0",
@@ -284,6 +295,7 @@ class SessionHandle:
                         keys.session_turns(sid),
                         keys.session_queue(sid),
                         keys.session_requests(sid),
+                        keys.turn_transient(sid, turn_id or "_"),
                     ],
                     args=args,
                 )
@@ -298,13 +310,11 @@ class SessionHandle:
         if result is not None:
             head = head.decode() if isinstance(head, bytes) else head
             self.next_turn = head or None
-            if transient:
-                await self.store.redis.delete(keys.turn_transient(sid, turn_id))
         saved = state.model_copy(update={"version": int(version)})
         # kept for the model call that follows a turn's first save; after any other save the
         # step waits on tools or is over, and the bytes would only be held longer
         keep = not release and _asks_model(saved)
-        self._stored = (weakref.ref(saved), blob) if keep else None
+        self._stored = (saved.version, blob) if keep else None
         return saved
 
 

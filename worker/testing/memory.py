@@ -1,12 +1,16 @@
-"""In-process implementations of the loop's interfaces.
+"""In-process implementations of the loop's and the session's ports.
 
-They run a turn without RabbitMQ or Redis: for unit tests, for embedding the
-loop in another program, and as the reference behaviour the Redis store and the
-RabbitMQ transports must match.
+They run a turn without RabbitMQ or Redis: for unit tests, for embedding the loop in another
+program, and as the reference behaviour of the Redis store. ``MemoryStore`` keeps the session
+port's rules (``worker.session.port``) in dicts, and passes the same contract tests as the
+Redis store (``tests/contract/test_session_store.py``). Used directly as a ``StateStore`` it
+runs turns in this process without leases (``Loop.run_turn``); ``take`` gives a fenced
+``StepSession`` as the worker uses it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,26 +18,100 @@ from contracts.events import Event
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
-from contracts.turns import TurnResult
+from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
+from worker.session.port import Accepted, StepSession
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 
 
-class MemoryStore:
-    """``StateStore`` in a dict, with the same compare-and-set rule as the Redis store."""
+class MemoryParked:
+    """A parked state, kept as the object it is."""
 
-    def __init__(self) -> None:
+    __slots__ = ("state",)
+
+    def __init__(self, state: AgentState) -> None:
+        self.state = state
+
+    def unpark(self) -> AgentState:
+        return self.state
+
+
+class MemoryStore:
+    """The session store in dicts, with the Redis store's compare-and-set and lease rules."""
+
+    def __init__(self, *, lease_ttl_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+        self.lease_ttl_s = lease_ttl_s
+        self.clock = clock
         self.states: dict[str, AgentState] = {}
         self.histories: dict[str, list[ChatMessage]] = {}
         self.transient: dict[str, list[ChatMessage]] = {}
         self.results: dict[str, TurnResult] = {}
+        self.turns: dict[str, dict[str, str]] = {}
+        self.requests: dict[str, dict[str, TurnRequest]] = {}
+        self.queues: dict[str, list[str]] = {}
+        self.replies: dict[str, dict[str, str]] = {}
+        self.leases: dict[str, tuple[int, float]] = {}
+        self.fences: dict[str, int] = {}
+
+    # -- the session port ---------------------------------------------------------------
+
+    async def accept(self, request: TurnRequest) -> Accepted:
+        s, t = request.session_id, request.turn_id
+        turns = self.turns.setdefault(s, {})
+        if t in turns:
+            result = self.results.get(t)
+            return Accepted("done", result=result) if result else Accepted("pending")
+        turns[t] = "queued"
+        self.requests.setdefault(s, {})[t] = request
+        if request.reply_to:
+            self.replies.setdefault(s, {})[t] = request.reply_to
+        queue = self.queues.setdefault(s, [])
+        queue.append(t)
+        return Accepted("start") if len(queue) == 1 else Accepted("queued", ahead=len(queue) - 1)
+
+    async def take(self, session_id: str) -> MemorySession | None:
+        held = self.leases.get(session_id)
+        if held is not None and held[1] > self.clock():
+            return None
+        token = self.fences.get(session_id, 0) + 1
+        self.fences[session_id] = token
+        self.leases[session_id] = (token, self.clock() + self.lease_ttl_s)
+        return MemorySession(self, session_id, token, self.states.get(session_id))
+
+    async def renew(self, session: StepSession) -> bool:
+        if not self._holds(session):
+            return False
+        self.leases[session.session_id] = (session.token, self.clock() + self.lease_ttl_s)
+        return True
+
+    async def release(self, session: StepSession) -> None:
+        if self._holds(session):
+            del self.leases[session.session_id]
+
+    async def head(self, session_id: str) -> str | None:
+        queue = self.queues.get(session_id)
+        return queue[0] if queue else None
+
+    async def request(self, session_id: str, turn_id: str) -> TurnRequest | None:
+        return self.requests.get(session_id, {}).get(turn_id)
+
+    async def result(self, session_id: str, turn_id: str) -> TurnResult | None:
+        result = self.results.get(turn_id)
+        return result if result is not None and result.session_id == session_id else None
+
+    async def reply_to(self, session_id: str, turn_id: str) -> str | None:
+        return self.replies.get(session_id, {}).get(turn_id)
+
+    # -- the loop's store, in this process (no lease) -------------------------------------
 
     async def load(self, session_id: str) -> AgentState | None:
         return self.states.get(session_id)
 
-    def stored(self, state: AgentState) -> bytes | None:
-        return None  # states are kept as objects
+    def park(self, state: AgentState) -> MemoryParked:
+        if self.states.get(state.session_id) != state:
+            raise ValueError("only a state as stored is parked (save it first)")
+        return MemoryParked(state)
 
     async def load_messages(self, state: AgentState) -> list[ChatMessage]:
         history = self.histories.get(state.session_id, [])
@@ -50,20 +128,83 @@ class MemoryStore:
         result: TurnResult | None = None,
         release: bool = False,
     ) -> AgentState:
-        stored = self.states.get(state.session_id)
+        saved, _ = self._write(state, append, result)
+        return saved
+
+    # -- shared by both ---------------------------------------------------------------
+
+    def _holds(self, session: StepSession) -> bool:
+        held = self.leases.get(session.session_id)
+        return held is not None and held[0] == session.token and held[1] > self.clock()
+
+    def _write(
+        self, state: AgentState, append: Sequence[ChatMessage], result: TurnResult | None
+    ) -> tuple[AgentState, str | None]:
+        sid = state.session_id
+        stored = self.states.get(sid)
         if (stored.version if stored else 0) != state.version:
-            raise StaleStateError(f"session {state.session_id} was written by someone else")
+            raise StaleStateError(f"session {sid} was written by someone else")
         ex = state.execution
         if append:
             if ex is None or ex.request.persist:
-                self.histories.setdefault(state.session_id, []).extend(append)
+                self.histories.setdefault(sid, []).extend(append)
             else:
                 self.transient.setdefault(ex.turn_id, []).extend(append)
+        head = None
         if result is not None:
-            self.results[result.turn_id] = result
-            self.transient.pop(result.turn_id, None)
+            t = result.turn_id
+            self.results[t] = result
+            self.turns.setdefault(sid, {})[t] = "done"
+            queue = self.queues.get(sid, [])
+            if queue and queue[0] == t:
+                queue.pop(0)
+            self.requests.get(sid, {}).pop(t, None)
+            self.transient.pop(t, None)
+            head = queue[0] if queue else None
         saved = state.model_copy(update={"version": state.version + 1})
-        self.states[state.session_id] = saved
+        self.states[sid] = saved
+        return saved, head
+
+
+class MemorySession:
+    """``StepSession`` of the ``MemoryStore``: its saves are fenced by the lease."""
+
+    def __init__(
+        self, store: MemoryStore, session_id: str, token: int, state: AgentState | None
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.token = token
+        self._state = state
+        self.released = False
+        self.next_turn: str | None = None
+
+    def take_state(self) -> AgentState | None:
+        state, self._state = self._state, None
+        return state
+
+    def park(self, state: AgentState) -> MemoryParked:
+        return self.store.park(state)
+
+    async def load_messages(self, state: AgentState) -> list[ChatMessage]:
+        return await self.store.load_messages(state)
+
+    async def save(
+        self,
+        state: AgentState,
+        *,
+        append: Sequence[ChatMessage] = (),
+        result: TurnResult | None = None,
+        release: bool = False,
+    ) -> AgentState:
+        if not self.store._holds(self):
+            raise StaleStateError(f"session {self.session_id}: lease lost")
+        saved, head = self.store._write(state, append, result)
+        if result is not None:
+            self.next_turn = head
+        if release or result is not None:
+            await self.store.release(self)
+            self.released = True
         return saved
 
 

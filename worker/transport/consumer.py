@@ -1,4 +1,6 @@
-"""The transport around ``TurnWork``: decode, dispatch, publish, then ack — in one place.
+"""The transport around the ``SessionSequencer``: decode, dispatch, publish, then settle the
+delivery — in one place (``Consumer._settle``): an ack, after a delayed retry or a dead-letter
+where due.
 
 - Bad input (undecodable, oversize, wrong schema, hostile ids, unknown agent) is
   published to the dead-letter exchange with ``x-loopwire-reason`` and
@@ -25,10 +27,11 @@ import logging
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
+from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import AMQPError
 from aiormq.exceptions import ChannelInvalidStateError
 from prometheus_client import CollectorRegistry
@@ -44,20 +47,44 @@ from worker import failpoints
 from worker.errors import PermanentError, RetryableError
 from worker.loop import EventSink
 from worker.metrics import WorkerMetrics
-from worker.sequencer import Action, Busy, Drop, Reply, Step, TurnWork
-from worker.transport.publish import ConfirmedPublisher, properties
+from worker.sequencer import Action, Busy, Drop, Reply, SessionSequencer, Step
+from worker.transport.publish import Publisher, properties
 
 log = logging.getLogger("loopwire.consumer")
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The work is done (or there is nothing to do): ack."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Send the message to the delay queue, then ack; ``failed``: the attempt counts."""
+
+    reason: str
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Dead-letter the message with a reason (a step's turn is ended first), then ack."""
+
+    reason: str
+    code: str
+
+
+Settlement = Ack | Retry | DeadLetter
 
 
 class Consumer:
     def __init__(
         self,
         *,
-        work: TurnWork,
-        publisher: ConfirmedPublisher,
-        dead_letter: AbstractExchange,
+        work: SessionSequencer,
+        publisher: Publisher,
+        dead_letters: Publisher,
         events: EventSink,
         busy_retry_s: float = 0.5,
         max_step_attempts: int = 5,
@@ -70,7 +97,8 @@ class Consumer:
         self.work = work
         self.publisher = publisher
         """Confirmed publishes to the default exchange: next steps, replies, retries."""
-        self.dead_letter = dead_letter
+        self.dead_letters = dead_letters
+        """Confirmed publishes to the dead-letter exchange."""
         self.events = events
         self.busy_retry_s = busy_retry_s
         self.max_step_attempts = max_step_attempts
@@ -86,8 +114,9 @@ class Consumer:
         """Messages taken so far."""
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
-        """Handle one work message; every path ends in exactly one ack, or in the message
-        going back to the queue when a channel went down under the step."""
+        """Handle one work message: every path ends in exactly one ack (after a delayed retry
+        or a dead-letter where due), or in the message going back to the queue when a channel
+        went down under it."""
         task = asyncio.current_task()
         assert task is not None
         self.in_flight.add(task)
@@ -95,14 +124,170 @@ class Consumer:
         try:
             if not self.broker_up.is_set():
                 await self.broker_up.wait()
-            await self._handle(message)
+            headers: dict[str, Any] = message.headers  # read only: a step holds it to its end
+            settlement = await self._work(message, headers)
+            await self._settle(message, headers, settlement)
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
             await self._give_back(message, exc)
         finally:
             self.in_flight.discard(task)
 
+    async def _work(self, message: AbstractIncomingMessage, headers: dict[str, Any]) -> Settlement:
+        """Do what the message asks, publishing what follows; say how to settle it."""
+        try:
+            deliveries = int(headers.get("x-delivery-count", 0))
+            if deliveries >= self.poison_after:
+                raise PermanentError(
+                    f"delivered {deliveries + 1} times without being done (it may crash workers)",
+                    code="poison",
+                )
+            kind = headers.get(t.H_KIND, t.KIND_START)
+            if kind == t.KIND_STEP:
+                work = decode(message.body, StepWork)
+                with self.metrics.steps_in_progress.track_inprogress():
+                    actions = await self.work.on_step(work)
+            elif kind == t.KIND_START:
+                actions = await self.work.on_request(decode(message.body, TurnRequest))
+            else:
+                raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
+            return await self._perform(actions)
+        except DecodeError as exc:
+            return DeadLetter(exc.reason, exc.code)
+        except PermanentError as exc:
+            return DeadLetter(str(exc), exc.code)
+        except (RetryableError, RedisError, ConnectionError) as exc:
+            log.warning("retrying work after a transient failure: %s", exc)
+            return Retry("transient")
+        except (AMQPError, ChannelInvalidStateError):
+            raise  # the broker connection went down mid-step: redelivered once it is back
+        except Exception as exc:
+            log.exception("step failed")
+            attempt = int(headers.get(t.H_ATTEMPT, 0)) + 1
+            if attempt >= self.max_step_attempts:
+                return DeadLetter(
+                    f"step failed {attempt} times: {type(exc).__name__}: {exc}", "step_failed"
+                )
+            return Retry("failed", failed=True)
+
+    async def _settle(
+        self, message: AbstractIncomingMessage, headers: dict[str, Any], settlement: Settlement
+    ) -> None:
+        """The one place a delivery is settled. A dead-letter whose turn cannot be ended now
+        (the session is busy, Redis is away) becomes a delayed retry: the message comes back
+        and is judged again."""
+        if isinstance(settlement, DeadLetter):
+            settlement = await self._dead_letter(message, settlement) or Ack()
+        if isinstance(settlement, Retry):
+            await self._retry(message, headers, settlement)
+        failpoints.hit("before_ack")
+        await message.ack()
+
+    async def _perform(self, actions: list[Action]) -> Settlement:
+        settlement: Settlement = Ack()
+        for action in actions:
+            if isinstance(action, Step):
+                await self.publish_step(action.work)
+            elif isinstance(action, Reply):
+                await self.publisher.publish(
+                    encode(action.result),
+                    routing_key=action.reply_to,
+                    properties=properties(
+                        content_type=t.CONTENT_TYPE,
+                        delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
+                        correlation_id=action.result.turn_id,
+                        message_type="turn.result",
+                    ),
+                )
+            elif isinstance(action, Busy):
+                log.debug("session busy; retrying later")
+                settlement = Retry("busy")
+            elif isinstance(action, Drop):
+                log.debug("dropping work: %s", action.reason)
+                self.metrics.dropped.labels(action.code).inc()
+        return settlement
+
+    async def publish_step(self, work: StepWork) -> None:
+        await self.publisher.publish(
+            encode(work),
+            routing_key=t.TURNS_QUEUE,
+            mandatory=True,
+            properties=properties(
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={t.H_KIND: t.KIND_STEP},
+                message_id=f"{work.turn_id}:{work.step}",
+            ),
+        )
+
+    async def _retry(
+        self, message: AbstractIncomingMessage, headers: dict[str, Any], retry: Retry
+    ) -> None:
+        attempt = int(headers.get(t.H_ATTEMPT, 0)) + (1 if retry.failed else 0)
+        # One delay for every retry: messages in the delay queue expire in order, so a longer
+        # backoff would hold back the short retries queued behind it.
+        await self.publisher.publish(
+            message.body,
+            routing_key=t.RETRY_QUEUE,
+            mandatory=True,
+            properties=properties(
+                content_type=message.content_type,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={**headers, t.H_ATTEMPT: attempt},
+                message_id=message.message_id,
+                correlation_id=message.correlation_id,
+                reply_to=message.reply_to,
+                expiration_ms=int(self.busy_retry_s * 1000),
+            ),
+        )
+        self.metrics.retried.labels(retry.reason).inc()
+
+    async def _dead_letter(
+        self, message: AbstractIncomingMessage, letter: DeadLetter
+    ) -> Retry | None:
+        """Dead-letter the message; a step message's turn is ended first (``error``) so that its
+        publisher hears of it and the session's next turn runs. ``Retry`` when that cannot be
+        done now."""
+        headers = dict(message.headers or {})
+        reason = letter.reason.replace("\n", " ")[:1000]
+        step = _step_work(message.body) if headers.get(t.H_KIND) == t.KIND_STEP else None
+        if step is not None:
+            try:
+                ended = await self._perform(await self.work.fail_turn(step, letter.code, reason))
+            except (RetryableError, RedisError, ConnectionError) as exc:
+                log.warning("could not end the turn of a dead step now, retrying: %s", exc)
+                return Retry("transient")
+            except Exception:
+                # the letter still goes out with its reason: it can be replayed once mended
+                log.exception("could not end the turn of a dead step %s", step.turn_id)
+                ended = Ack()
+            if isinstance(ended, Retry):
+                return ended
+        log.warning("dead-lettering work (%s): %s", letter.code, reason)
+        await self.dead_letters.publish(
+            message.body,
+            routing_key=t.TURNS_QUEUE,
+            properties=properties(
+                content_type=message.content_type,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={
+                    **headers,
+                    t.H_DEAD_ID: uuid.uuid4().hex[:16],
+                    t.H_REASON: reason,
+                    t.H_REASON_CODE: letter.code,
+                    t.H_REJECTED_AT: time.time(),
+                },
+                message_id=message.message_id,
+                correlation_id=message.correlation_id,
+                reply_to=message.reply_to,
+            ),
+        )
+        self.metrics.dead_lettered.labels(letter.code).inc()
+        if step is None:
+            await self._announce_rejected(message.body, reason, letter.code)
+        return None
+
     async def _give_back(self, message: AbstractIncomingMessage, exc: BaseException) -> None:
-        """A channel went down under the step. On a closed delivery channel there is nothing
+        """A channel went down under the work. On a closed delivery channel there is nothing
         to ack on: the broker delivers the message again. A delivery channel that is still
         open (restored before the others, or another channel was lost alone) would hold the
         message unacked for good: it is returned to the queue once the connection is whole."""
@@ -127,145 +312,6 @@ class Consumer:
         # should the delivery channel go down too, the broker delivers the message again
         with contextlib.suppress(AMQPError, ChannelInvalidStateError, ConnectionError):
             await message.nack(requeue=True)
-
-    async def _handle(self, message: AbstractIncomingMessage) -> None:
-        headers: dict[str, Any] = message.headers  # read only: a step holds it to its end
-        try:
-            deliveries = int(headers.get("x-delivery-count", 0))
-            if deliveries >= self.poison_after:
-                raise PermanentError(
-                    f"delivered {deliveries + 1} times without being done (it may crash workers)",
-                    code="poison",
-                )
-            kind = headers.get(t.H_KIND, t.KIND_START)
-            if kind == t.KIND_STEP:
-                work = decode(message.body, StepWork)
-                with self.metrics.steps_in_progress.track_inprogress():
-                    actions = await self.work.on_step(work)
-            elif kind == t.KIND_START:
-                actions = await self.work.on_request(decode(message.body, TurnRequest))
-            else:
-                raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
-            await self._perform(message, headers, actions)
-        except DecodeError as exc:
-            await self._reject(message, exc.reason, exc.code)
-        except PermanentError as exc:
-            await self._reject(message, str(exc), exc.code)
-        except (RetryableError, RedisError, ConnectionError) as exc:
-            log.warning("retrying work after a transient failure: %s", exc)
-            await self._retry(message, headers, attempt_failed=False, reason="transient")
-        except (AMQPError, ChannelInvalidStateError):
-            raise  # the broker connection went down mid-step: redelivered once it is back
-        except Exception as exc:
-            log.exception("step failed")
-            attempt = int(headers.get(t.H_ATTEMPT, 0)) + 1
-            if attempt >= self.max_step_attempts:
-                reason = f"step failed {attempt} times: {type(exc).__name__}: {exc}"
-                await self._reject(message, reason, "step_failed")
-            else:
-                await self._retry(message, headers, attempt_failed=True, reason="failed")
-        failpoints.hit("before_ack")
-        await message.ack()
-
-    async def _perform(
-        self, message: AbstractIncomingMessage, headers: dict[str, Any], actions: list[Action]
-    ) -> None:
-        for action in actions:
-            if isinstance(action, Step):
-                await self.publish_step(action.work)
-            elif isinstance(action, Reply):
-                await self.publisher.publish(
-                    encode(action.result),
-                    routing_key=action.reply_to,
-                    properties=properties(
-                        content_type=t.CONTENT_TYPE,
-                        delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
-                        correlation_id=action.result.turn_id,
-                        message_type="turn.result",
-                    ),
-                )
-            elif isinstance(action, Busy):
-                log.debug("session busy; retrying %s later", message.message_id)
-                await self._retry(message, headers, attempt_failed=False, reason="busy")
-            elif isinstance(action, Drop):
-                log.debug("dropping work: %s", action.reason)
-                self.metrics.dropped.labels(action.code).inc()
-
-    async def publish_step(self, work: StepWork) -> None:
-        await self.publisher.publish(
-            encode(work),
-            routing_key=t.TURNS_QUEUE,
-            mandatory=True,
-            properties=properties(
-                content_type=t.CONTENT_TYPE,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={t.H_KIND: t.KIND_STEP},
-                message_id=f"{work.turn_id}:{work.step}",
-            ),
-        )
-
-    async def _retry(
-        self,
-        message: AbstractIncomingMessage,
-        headers: dict[str, Any],
-        *,
-        attempt_failed: bool,
-        reason: str,
-    ) -> None:
-        attempt = int(headers.get(t.H_ATTEMPT, 0)) + (1 if attempt_failed else 0)
-        # One delay for every retry: messages in the delay queue expire in order, so a longer
-        # backoff would hold back the short retries queued behind it.
-        delay = self.busy_retry_s
-        await self.publisher.publish(
-            message.body,
-            routing_key=t.RETRY_QUEUE,
-            mandatory=True,
-            properties=properties(
-                content_type=message.content_type,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={**headers, t.H_ATTEMPT: attempt},
-                message_id=message.message_id,
-                correlation_id=message.correlation_id,
-                reply_to=message.reply_to,
-                expiration_ms=int(delay * 1000),
-            ),
-        )
-        self.metrics.retried.labels(reason).inc()
-
-    async def _reject(self, message: AbstractIncomingMessage, reason: str, code: str) -> None:
-        headers = dict(message.headers or {})
-        reason = reason.replace("\n", " ")[:1000]
-        step = _step_work(message.body) if headers.get(t.H_KIND) == t.KIND_STEP else None
-        if step is not None:
-            # A step that can never succeed ends its turn with an error: the publisher is told
-            # (turn.failed, reply) and the session's next turn can run.
-            actions = await self.work.fail_turn(step, code, reason)
-            if any(isinstance(action, Busy) for action in actions):
-                await self._retry(message, headers, attempt_failed=False, reason="busy")
-                return
-            await self._perform(message, headers, actions)
-        log.warning("dead-lettering work (%s): %s", code, reason)
-        await self.dead_letter.publish(
-            aio_pika.Message(
-                message.body,
-                headers={
-                    **headers,
-                    t.H_DEAD_ID: uuid.uuid4().hex[:16],
-                    t.H_REASON: reason,
-                    t.H_REASON_CODE: code,
-                    t.H_REJECTED_AT: time.time(),
-                },
-                content_type=message.content_type,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                message_id=message.message_id,
-                correlation_id=message.correlation_id,
-                reply_to=message.reply_to,
-            ),
-            routing_key=t.TURNS_QUEUE,
-        )
-        self.metrics.dead_lettered.labels(code).inc()
-        if step is None:
-            await self._announce_rejected(message.body, reason, code)
 
     async def _announce_rejected(self, body: bytes, reason: str, code: str) -> None:
         turn_id, agent, session_id = _readable_ids(body)

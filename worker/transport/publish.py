@@ -20,7 +20,7 @@ Back-pressure stays: every caller awaits its confirmation before it publishes ag
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiormq
 from aio_pika import DeliveryMode
@@ -55,6 +55,19 @@ def properties(
         timestamp=None if timestamp is None else datetime.fromtimestamp(timestamp, UTC),
         message_type=message_type,
     )
+
+
+class Publisher(Protocol):
+    async def publish(
+        self,
+        body: bytes,
+        *,
+        routing_key: str,
+        properties: spec.Basic.Properties,
+        mandatory: bool = False,
+    ) -> None:
+        """Publish and wait for the broker's confirmation."""
+        ...
 
 
 class ConfirmedPublisher:

@@ -5,15 +5,21 @@ A call is published on ``loopwire.tools`` with the tool's name as routing key,
 instead of waiting for its timeout), ``correlation_id`` = the tool call id,
 ``reply_to`` = this worker's exclusive reply queue, ``expiration`` from the
 deadline and an ``idempotency-key`` header (``<turn_id>:<tool_call_id>``) that
-tool services use to answer a repeated call from their stored reply. Replies
-are matched by that key (echoed by the service), falling back to the
-correlation id. Pending calls are a dict of futures; a lost reply times out.
+tool services use to answer a repeated call from their stored reply.
+
+Each call waits on a future of its own, keyed by a per-call number. A reply is
+matched through the idempotency key it echoes (or, from a service that does not
+echo it, its correlation id) to every call waiting on that key — a step redone
+while its first attempt still waits sends the call again under the same key, and
+both get the one stored reply — without scanning the calls in flight; a call's
+cleanup removes only its own future. A lost reply times out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -21,7 +27,6 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
@@ -32,8 +37,7 @@ from contracts.codec import DecodeError, decode, encode
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
 from worker import failpoints
-from worker.errors import RetryableError, ToolCallError
-from worker.loop.ports import ToolUnavailableError
+from worker.errors import RetryableError, ToolCallError, ToolUnavailableError
 from worker.transport.publish import ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.rpc")
@@ -51,7 +55,11 @@ class ToolRPC:
         self.channel = channel
         self.in_progress = in_progress or (lambda _tool: contextlib.nullcontext())
         """Wraps each call from publish to reply (the worker counts calls in progress with it)."""
-        self.futures: dict[str, asyncio.Future[ToolCallReply]] = {}
+        self.futures: dict[int, asyncio.Future[ToolCallReply]] = {}
+        """Every call waiting for its reply, by call number."""
+        self._by_key: dict[str, set[int]] = {}
+        self._by_correlation: dict[str, set[int]] = {}
+        self._numbers = itertools.count()
         self.publisher: ConfirmedPublisher | None = None
         self.queue: AbstractQueue | None = None
 
@@ -92,7 +100,10 @@ class ToolRPC:
             expiration_ms=expiration_ms,
         )
         future: asyncio.Future[ToolCallReply] = asyncio.get_running_loop().create_future()
-        self.futures[key] = future
+        number = next(self._numbers)
+        self.futures[number] = future
+        self._by_key.setdefault(key, set()).add(number)
+        self._by_correlation.setdefault(request.call_id, set()).add(number)
         try:
             with self.in_progress(request.tool):
                 try:
@@ -114,23 +125,34 @@ class ToolRPC:
                 failpoints.hit("tool_dispatched")
                 return await future
         finally:
-            self.futures.pop(key, None)
+            del self.futures[number]
+            _forget(self._by_key, key, number)
+            _forget(self._by_correlation, request.call_id, number)
 
     async def _on_reply(self, message: AbstractIncomingMessage) -> None:
-        headers: dict[str, Any] = dict(message.headers or {})
-        key = headers.get(H_IDEMPOTENCY_KEY)
-        future = self.futures.get(str(key)) if key is not None else None
-        if future is None:
-            future = next(
-                (f for k, f in self.futures.items() if k.endswith(f":{message.correlation_id}")),
-                None,
-            )
-        if future is None or future.done():
+        key = (message.headers or {}).get(H_IDEMPOTENCY_KEY)
+        if key is not None:
+            numbers = self._by_key.get(str(key), ())
+        else:
+            numbers = self._by_correlation.get(message.correlation_id or "", ())
+        waiting = [f for f in (self.futures[n] for n in numbers) if not f.done()]
+        if not waiting:
             log.debug("reply for an unknown or finished call %s", message.correlation_id)
             return
         try:
-            future.set_result(decode(message.body, ToolCallReply))
+            reply = decode(message.body, ToolCallReply)
         except DecodeError as exc:
-            future.set_exception(
-                ToolCallError(f"the tool service sent an invalid reply: {exc.reason}")
-            )
+            error = ToolCallError(f"the tool service sent an invalid reply: {exc.reason}")
+            for future in waiting:
+                future.set_exception(error)
+            return
+        for future in waiting:
+            future.set_result(reply)
+
+
+def _forget(index: dict[str, set[int]], name: str, number: int) -> None:
+    numbers = index.get(name)
+    if numbers is not None:
+        numbers.discard(number)
+        if not numbers:
+            del index[name]

@@ -1,0 +1,27 @@
+"""What the loop needs to know of an agent: its prompt, model settings, tools and limits.
+
+The loop takes an ``AgentSpec`` and a ``Hook``; where the spec comes from (an agents file, a
+profile with hook sets and their configuration) is the worker's business (``worker.agents``).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from contracts.base import AgentName, Contract
+from contracts.turns import LoopLimits
+
+
+class AgentSpec(Contract):
+    name: AgentName
+    system_prompt: str | None = None
+    model: str | None = Field(default=None, description="Overrides the worker's default model.")
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1)
+    tools: tuple[str, ...] = Field(
+        default=("*",), description="Tool names the agent may use; '*' allows every announced tool."
+    )
+    limits: LoopLimits = LoopLimits()
+
+    def allows(self, tool: str) -> bool:
+        return "*" in self.tools or tool in self.tools

@@ -1,0 +1,82 @@
+"""A turn's records as pure functions of the state: a new turn attached to its session, the
+result of a finished one, and the session once it is over."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contracts.state import AgentState, ExecutionState, SessionContext, StopSignal
+from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
+from worker.loop.spec import AgentSpec
+
+
+def new_execution(
+    state: AgentState | None, request: TurnRequest, agent: AgentSpec, now: float
+) -> AgentState:
+    """The session with a fresh turn attached (creating the session when it is new)."""
+    if state is None:
+        state = AgentState(
+            session_id=request.session_id,
+            parent_session_id=request.parent_session_id,
+            agent=request.agent,
+            context=SessionContext(system_prompt=agent.system_prompt),
+            created_at=now,
+            updated_at=now,
+        )
+    execution = ExecutionState(
+        turn_id=request.turn_id,
+        request=request,
+        limits=request.limits.apply(agent.limits),
+        history_start=state.history_len,
+        started_at=now,
+        updated_at=now,
+    )
+    return state.model_copy(update={"execution": execution, "updated_at": now})
+
+
+def turn_result(
+    state: AgentState,
+    reason: FinishReason,
+    content: str | None,
+    error: TurnError | None,
+    now: float,
+) -> TurnResult:
+    """The result of the turn attached to ``state``, finishing now for ``reason``."""
+    ex = turn_of(state)
+    stop: StopSignal | None = ex.stop_signal if reason == "stop" else None
+    return TurnResult(
+        turn_id=ex.turn_id,
+        session_id=state.session_id,
+        agent=ex.request.agent,
+        content=content,
+        finish_reason=reason,
+        error=error,
+        stopped_by=stop.source if stop else None,
+        usage=ex.usage,
+        steps=len(ex.steps),
+        duration_s=max(0.0, now - ex.started_at),
+        completed_at=now,
+    )
+
+
+def closed(state: AgentState, *, appended: int, now: float) -> AgentState:
+    """The session once its turn is over: no turn attached, ``appended`` more history."""
+    return state.model_copy(
+        update={
+            "execution": None,
+            "execution_count": state.execution_count + 1,
+            "history_len": state.history_len + appended,
+            "updated_at": now,
+        }
+    )
+
+
+def turn_of(state: AgentState) -> ExecutionState:
+    if state.execution is None:
+        raise ValueError(f"session {state.session_id} has no turn in progress")
+    return state.execution
+
+
+def with_execution(state: AgentState, **changes: Any) -> AgentState:
+    ex = turn_of(state).model_copy(update=changes)
+    return state.model_copy(update={"execution": ex})

@@ -1,0 +1,81 @@
+"""The session port: what the worker asks of a session store, whichever it is.
+
+``worker.session.store.RedisStore`` is the real one; ``worker.testing.memory.MemoryStore``
+keeps the same rules in a dict, and both pass the same contract tests
+(``tests/contract/test_session_store.py``).
+
+- ``accept`` records a turn request once per turn id and queues it behind the session's
+  earlier turns.
+- ``take`` takes the session's lease (``None`` when another worker holds it) and hands back a
+  ``StepSession``: the loop's ``StateStore`` for that one step, holding the state read with the
+  lease. Its saves are fenced by the lease; a save with a result or ``release`` lets the lease
+  go, and a result names the session's next turn (``next_turn``).
+- ``renew`` keeps a lease alive while a step runs long; ``release`` lets it go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from contracts.state import AgentState
+from contracts.turns import TurnRequest, TurnResult
+from worker.loop.ports import StateStore
+
+AcceptStatus = Literal["start", "queued", "pending", "done"]
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """What ``accept`` found: ``start`` (run it now), ``queued`` (behind others),
+    ``pending`` (a duplicate of a turn not finished), ``done`` (a duplicate; ``result``)."""
+
+    status: AcceptStatus
+    result: TurnResult | None = None
+    ahead: int = 0
+
+
+class StepSession(StateStore, Protocol):
+    """One step's hold on a session: the lease, the state read with it, the loop's store."""
+
+    session_id: str
+    token: int
+    """The lease's fencing token (strictly increasing per session)."""
+    released: bool
+    """A save let go of the lease (``release``, or a result): the step wrote its last."""
+    next_turn: str | None
+    """After a save with a result: the session's next queued turn, if any."""
+
+    def take_state(self) -> AgentState | None:
+        """The state read with the lease (``None`` for a new session), handed out once."""
+        ...
+
+
+class SessionStore(Protocol):
+    lease_ttl_s: float
+
+    async def accept(self, request: TurnRequest) -> Accepted: ...
+
+    async def take(self, session_id: str) -> StepSession | None:
+        """Take the session's lease with its state; ``None`` when another worker holds it."""
+        ...
+
+    async def renew(self, session: StepSession) -> bool:
+        """Extend the lease; ``False`` when it was lost (expired, taken over)."""
+        ...
+
+    async def release(self, session: StepSession) -> None: ...
+
+    async def head(self, session_id: str) -> str | None:
+        """The turn at the head of the session's queue (the one that runs)."""
+        ...
+
+    async def request(self, session_id: str, turn_id: str) -> TurnRequest | None:
+        """The request of a turn accepted and not yet finished."""
+        ...
+
+    async def result(self, session_id: str, turn_id: str) -> TurnResult | None: ...
+
+    async def reply_to(self, session_id: str, turn_id: str) -> str | None:
+        """Where the turn's publisher wanted its result (kept after the turn finished)."""
+        ...
