@@ -2,7 +2,7 @@
 
 ``worker.session.store.RedisStore`` is the real one; ``worker.testing.memory.MemoryStore``
 keeps the same rules in a dict, and both pass the same contract tests
-(``tests/contract/test_session_store.py``).
+(``tests/integration/test_session_store_contract.py``).
 
 - ``accept`` records a turn request once per turn id and queues it behind the session's
   earlier turns.

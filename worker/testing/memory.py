@@ -3,7 +3,7 @@
 They run a turn without RabbitMQ or Redis: for unit tests, for embedding the loop in another
 program, and as the reference behaviour of the Redis store. ``MemoryStore`` keeps the session
 port's rules (``worker.session.port``) in dicts, and passes the same contract tests as the
-Redis store (``tests/contract/test_session_store.py``). Used directly as a ``StateStore`` it
+Redis store (``tests/integration/test_session_store_contract.py``). Used directly as a ``StateStore`` it
 runs turns in this process without leases (``Loop.run_turn``); ``take`` gives a fenced
 ``StepSession`` as the worker uses it.
 """

@@ -1,0 +1,170 @@
+"""The session port's contract, run against both stores: the Redis store (real Redis) and the
+in-memory one the unit tests use, so the double cannot drift from the real thing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from contracts.messages import ChatMessage
+from contracts.turns import InputMessage, TurnError, TurnRequest
+from worker.agents import AgentProfile
+from worker.errors import StaleStateError
+from worker.loop.turn import closed, new_execution, turn_result
+from worker.session.port import SessionStore, StepSession
+from worker.session.store import RedisStore
+from worker.testing.memory import MemoryStore
+
+LEASE_TTL_S = 0.4
+AGENT = AgentProfile(name="support")
+
+
+@pytest.fixture(params=["redis", "memory"])
+async def store(request: pytest.FixtureRequest, redis: Redis) -> AsyncIterator[SessionStore]:
+    if request.param == "redis":
+        yield RedisStore(redis, lease_ttl_s=LEASE_TTL_S)
+    else:
+        yield MemoryStore(lease_ttl_s=LEASE_TTL_S)
+
+
+def turn(uid: str, n: int = 1, *, persist: bool = True, reply_to: str | None = None) -> TurnRequest:
+    return TurnRequest(
+        turn_id=f"t-{uid}-{n}",
+        session_id=f"s-{uid}",
+        agent="support",
+        input=(InputMessage(content=f"question {n}"),),
+        persist=persist,
+        reply_to=reply_to,
+    )
+
+
+async def take(store: SessionStore, session_id: str) -> StepSession:
+    session = await store.take(session_id)
+    assert session is not None, "the lease should be free"
+    return session
+
+
+async def finish(session: StepSession, request: TurnRequest, content: str = "done") -> None:
+    """Run ``request`` as a one-save turn and store its result."""
+    state = new_execution(session.take_state(), request, AGENT, time.time())
+    inputs = [m.to_chat() for m in request.input]
+    state = await session.save(state, append=inputs)
+    answer = ChatMessage(role="assistant", content=content)
+    result = turn_result(state, "stop", content, None, time.time())
+    appended = 2 if request.persist else 0
+    final = closed(state, appended=appended, now=time.time())
+    await session.save(final, append=[answer] if request.persist else (), result=result)
+
+
+async def test_accept_queues_turns_in_arrival_order_once_each(
+    store: SessionStore, uid: str
+) -> None:
+    first, second = turn(uid, 1), turn(uid, 2)
+    assert (await store.accept(first)).status == "start"
+    queued = await store.accept(second)
+    assert (queued.status, queued.ahead) == ("queued", 1)
+    assert (await store.accept(first)).status == "pending"
+    assert await store.head(f"s-{uid}") == first.turn_id
+    assert await store.request(f"s-{uid}", second.turn_id) == second
+
+
+async def test_a_finished_turn_names_the_next_and_is_answered_from_its_result(
+    store: SessionStore, uid: str
+) -> None:
+    first, second = turn(uid, 1, reply_to="replies-x"), turn(uid, 2)
+    await store.accept(first)
+    await store.accept(second)
+    session = await take(store, f"s-{uid}")
+    await finish(session, first)
+    assert session.released
+    assert session.next_turn == second.turn_id
+    assert await store.head(f"s-{uid}") == second.turn_id
+    assert await store.request(f"s-{uid}", first.turn_id) is None
+    assert await store.reply_to(f"s-{uid}", first.turn_id) == "replies-x"
+    stored = await store.result(f"s-{uid}", first.turn_id)
+    assert stored is not None and stored.content == "done"
+    again = await store.accept(first)
+    assert (again.status, again.result) == ("done", stored)
+
+
+async def test_one_lease_at_a_time_with_increasing_tokens(store: SessionStore, uid: str) -> None:
+    session = await take(store, f"s-{uid}")
+    assert await store.take(f"s-{uid}") is None
+    assert await store.renew(session)
+    await store.release(session)
+    after = await take(store, f"s-{uid}")
+    assert after.token > session.token
+    assert not await store.renew(session), "a released lease is not renewed"
+    await store.release(after)
+
+
+async def test_a_save_under_a_lost_lease_fails(store: SessionStore, uid: str) -> None:
+    await store.accept(turn(uid))
+    stale = await take(store, f"s-{uid}")
+    state = new_execution(stale.take_state(), turn(uid), AGENT, time.time())
+    await asyncio.sleep(LEASE_TTL_S * 1.5)  # expired: another worker takes the session
+    newer = await take(store, f"s-{uid}")
+    assert not await store.renew(stale)
+    with pytest.raises(StaleStateError):
+        await stale.save(state)
+    await store.release(newer)
+
+
+async def test_a_save_on_an_old_version_fails(store: SessionStore, uid: str) -> None:
+    await store.accept(turn(uid))
+    session = await take(store, f"s-{uid}")
+    state = new_execution(session.take_state(), turn(uid), AGENT, time.time())
+    saved = await session.save(state)
+    assert saved.version == state.version + 1
+    with pytest.raises(StaleStateError):
+        await session.save(state)  # written since it was loaded
+    await store.release(session)
+
+
+async def test_the_next_step_reads_the_state_and_the_conversation(
+    store: SessionStore, uid: str
+) -> None:
+    request = turn(uid)
+    await store.accept(request)
+    session = await take(store, f"s-{uid}")
+    assert session.take_state() is None  # a new session
+    state = new_execution(None, request, AGENT, time.time())
+    saved = await session.save(state, append=[m.to_chat() for m in request.input], release=True)
+    assert session.released
+    following = await take(store, f"s-{uid}")
+    read = following.take_state()
+    assert read == saved
+    assert following.take_state() is None, "handed out once"
+    assert [m.content for m in await following.load_messages(read)] == ["question 1"]
+    parked = following.park(read)
+    assert parked.unpark() == read  # the version included
+    await store.release(following)
+
+
+async def test_a_persist_false_turn_leaves_the_history_as_it_was(
+    store: SessionStore, uid: str
+) -> None:
+    kept, transient = turn(uid, 1), turn(uid, 2, persist=False)
+    await store.accept(kept)
+    await store.accept(transient)
+    session = await take(store, f"s-{uid}")
+    await finish(session, kept, "kept answer")
+    session = await take(store, f"s-{uid}")
+    state = new_execution(session.take_state(), transient, AGENT, time.time())
+    state = await session.save(state, append=[m.to_chat() for m in transient.input])
+    seen = [m.content for m in await session.load_messages(state)]
+    assert seen == ["question 1", "kept answer", "question 2"]
+    ex = state.execution
+    assert ex is not None
+    error = TurnError(code="x", message="y")
+    result = turn_result(state, "error", None, error, time.time())
+    await session.save(closed(state, appended=0, now=time.time()), result=result)
+    after = await take(store, f"s-{uid}")
+    read = after.take_state()
+    assert read is not None and read.execution is None
+    assert [m.content for m in await after.load_messages(read)] == ["question 1", "kept answer"]
+    await store.release(after)
