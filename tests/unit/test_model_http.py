@@ -13,7 +13,13 @@ import openai
 import pytest
 from aiohttp import web
 
-from worker.model.http import ModelClient, ModelHttpClient, _without_telemetry, chat_options
+from worker.model.http import (
+    HeldBody,
+    ModelClient,
+    ModelHttpClient,
+    _without_telemetry,
+    chat_options,
+)
 
 
 class Server:
@@ -204,6 +210,15 @@ async def test_a_retry_resends_the_same_bytes(server: Server) -> None:
     response = await post_body(server, max_retries=2)
     assert response.status_code == 200
     assert [body for _, _, body in server.requests] == [BODY, BODY, BODY]
+
+
+def test_a_held_body_is_kept_compressed_once_sent_and_given_back_whole() -> None:
+    held = HeldBody(BODY)
+    assert held.take() == BODY
+    assert held._data is None, "the bytes as sent are not kept"
+    assert 0 < len(held._packed) < len(BODY) // 10
+    assert held.take() == BODY
+    assert held.take() == BODY
 
 
 async def test_a_body_takes_the_full_path_too(server: Server) -> None:

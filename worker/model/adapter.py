@@ -17,8 +17,9 @@ builds typed pydantic models from the answer. So the adapter
   with the options ``client.post`` would build (``worker.model.http``).
 
 While the model thinks, the encoded body is the one copy of the request a turn
-holds: ``complete`` encodes it before it returns the awaitable, so the caller's
-messages are not kept for the call.
+holds (``complete`` encodes it before it returns the awaitable, so the caller's
+messages are not kept for the call), and once sent it is held compressed
+(``worker.model.http.HeldBody``) for the client's retries.
 
 The HTTP transport is chosen where the client is built (``worker.app``): the
 client's aiohttp transport (``openai.DefaultAioHttpClient``), cheaper per call than
@@ -48,7 +49,7 @@ from contracts.state import ModelResponse
 from worker.errors import ModelError
 from worker.loop.ports import ModelRequest
 from worker.loop.transcript import wire_messages
-from worker.model.http import chat_options
+from worker.model.http import ChatOptions, chat_options
 
 log = logging.getLogger("loopwire.model")
 
@@ -140,14 +141,14 @@ class OpenAIModel:
     def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
         """Encode the request now; the answer comes from the returned awaitable, which holds
         only the encoded body (the client's retries resend those very bytes)."""
-        return self._send(encode_body(request, self.default_model))
+        return self._send(chat_options(encode_body(request, self.default_model)))
 
-    async def _send(self, body: bytes) -> ModelResponse:
+    async def _send(self, options: ChatOptions) -> ModelResponse:
         attempts = self.bad_response_retries + 1
         for attempt in range(1, attempts + 1):
             started = time.monotonic()
             try:
-                response = await self.client.request(httpx2.Response, chat_options(body))
+                response = await self.client.request(httpx2.Response, options)
                 return parse_completion(orjson.loads(response.content), time.monotonic() - started)
             except openai.APIStatusError as exc:
                 raise ModelError(

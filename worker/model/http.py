@@ -23,12 +23,54 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
+import lz4.block
 import openai
 from httpx2._client import USE_CLIENT_DEFAULT, UseClientDefault
 from openai._models import FinalRequestOptions
+
+
+class HeldBody:
+    """A request body sent from memory once, then held lz4-compressed until the call ends.
+
+    The ``openai`` client keeps a call's body for its retries, and while the model thinks
+    (seconds, with thousands of turns in flight) it would be the largest thing a turn holds;
+    compressed it is a fraction of that, at a small cost per call that does not depend much on
+    the text. A retry sends the same bytes again, decompressed. httpx sends it as a stream (of
+    the length ``chat_options`` declares); the client replays a body it can rewind (``seek``)."""
+
+    __slots__ = ("_data", "_packed", "size")
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+        self._packed = b""
+        self.size = len(data)
+
+    def take(self) -> bytes:
+        data, self._data = self._data, None
+        if data is None:
+            return bytes(lz4.block.decompress(self._packed, uncompressed_size=self.size))
+        self._packed = lz4.block.compress(data, store_size=False)
+        return data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.take()
+
+    # What the openai client checks before it replays a body for a retry.
+    def read(self) -> bytes:
+        raise TypeError("a HeldBody is streamed, not read")
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return 0
 
 
 def _without_telemetry(headers: Any) -> list[tuple[str, str]]:
@@ -48,11 +90,21 @@ def _without_telemetry(headers: Any) -> list[tuple[str, str]]:
     return [(k, v) for k, v in items if not k.lower().startswith("x-stainless-")]
 
 
-def chat_options(body: bytes) -> FinalRequestOptions:
+ChatOptions = FinalRequestOptions
+"""The options of one chat-completions call, as ``client.request`` takes them."""
+
+
+def chat_options(body: bytes) -> ChatOptions:
     """What ``client.post("/chat/completions", content=body)`` would pass on to
-    ``client.request``; calling ``request`` directly keeps one fewer copy of the options alive
-    while the model thinks."""
-    return FinalRequestOptions.construct(method="post", url="/chat/completions", content=body)
+    ``client.request``, the body held as a ``HeldBody``; calling ``request`` directly keeps one
+    fewer copy of the options alive while the model thinks."""
+    held: Any = HeldBody(body)  # the client takes it for a rewindable file
+    return FinalRequestOptions.construct(
+        method="post",
+        url="/chat/completions",
+        content=held,
+        headers={"Content-Length": str(len(body))},
+    )
 
 
 class ModelClient(openai.AsyncOpenAI):
