@@ -10,7 +10,7 @@ smuggle a ``.``, ``*``, ``#``, ``{`` or a newline into them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Final, Self
+from typing import Annotated, Any, Final, NoReturn, Self
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
@@ -30,33 +30,68 @@ JsonObject = dict[str, Any]
 """A JSON object (metadata, tool arguments, tool values). Depth is bounded by the codec."""
 
 
-_NOT_TRACKED: Final[set[str]] = set()
-"""The fields-set of every contract instance: shared, never filled (see ``Contract``)."""
+class _NotTracked(set[str]):
+    """An empty set that refuses every write: the fields-set all contracts share.
+
+    pydantic writes to a model's fields-set when it assigns a field or copies with an update;
+    on this set a write raises, so such a path fails instead of giving every contract the
+    written names. pydantic-core's own writes (``validate_assignment``) add through the C API,
+    past these methods: the next contract construction then fails (``Contract.model_post_init``).
+    A copy (``copy``, ``deepcopy``, pickle) is this very set. It has to be a ``set``: pydantic's
+    serializer refuses anything else (a ``frozenset``) for ``exclude_unset``."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:  # ``set.__init__`` would refill the set
+        super().__init__()
+
+    def _refuse(self, *args: object) -> NoReturn:
+        raise TypeError("contracts keep no fields-set: their shared empty set is read-only")
+
+    add = discard = remove = pop = clear = update = _refuse
+    intersection_update = difference_update = symmetric_difference_update = _refuse
+    __ior__ = __iand__ = __isub__ = __ixor__ = _refuse
+
+    def __reduce__(self) -> str:
+        return "_NOT_TRACKED"
+
+
+_NOT_TRACKED: Final = _NotTracked()
+"""The fields-set of every contract instance: shared and empty (see ``Contract``)."""
 
 
 class Contract(BaseModel):
     """Root of every contract: immutable, strict about unknown fields.
 
     A contract does not remember which of its fields were given explicitly
-    (``model_fields_set`` is empty; ``exclude_unset`` does not apply): pydantic keeps a set of
-    their names in every instance, up to 0.7 KB each, and a worker holds about ten contract
-    instances per turn while the model thinks. The set is shared and never written: contracts
-    are frozen, and a copy (``model_copy``) shares it too. A contract that needs it (``worker.agents.AgentProfile``) overrides ``model_post_init``."""
+    (``model_fields_set`` is empty; ``exclude_unset`` leaves out every field): pydantic would
+    keep a set of their names in every instance, and a worker holds many contract instances per
+    turn while the model thinks. All contracts share one read-only empty set instead, copies
+    included (``model_copy``). A contract that needs its fields-set
+    (``worker.agents.AgentProfile``) overrides ``model_post_init``."""
 
     model_config = ConfigDict(
         frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False
     )
 
     def model_post_init(self, context: Any, /) -> None:
+        if _NOT_TRACKED:  # written through the C API (see ``_NotTracked``)
+            raise RuntimeError(f"the contracts' shared fields-set was written: {_NOT_TRACKED}")
         object.__setattr__(self, "__pydantic_fields_set__", _NOT_TRACKED)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """pydantic's shallow copy — the updated values are not validated — without its general
-        case (``copy.copy`` of four attributes) and sharing the fields-set as construction does:
-        a step copies a dozen contracts. A deep copy, or a contract that keeps its fields-set,
-        goes through pydantic."""
-        if deep or self.__pydantic_fields_set__ is not _NOT_TRACKED:
+        """pydantic's copy — the updated values are neither validated nor copied — except that
+        the copy shares the fields-set as construction does instead of adding the updated names
+        to it. A shallow copy skips pydantic's general case (``copy.copy`` of four attributes):
+        a step copies many contracts. A contract that keeps its fields-set goes through
+        pydantic."""
+        if self.__pydantic_fields_set__ is not _NOT_TRACKED:
             return super().model_copy(update=update, deep=deep)
+        if deep:
+            copied = self.__deepcopy__()
+            if update:
+                copied.__dict__.update(update)
+            return copied
         values = self.__dict__.copy()
         if update:
             values.update(update)
@@ -69,9 +104,9 @@ class Contract(BaseModel):
 
     def __eq__(self, other: object) -> bool:
         """pydantic's comparison — the same class and the same field values — without its
-        general case: contracts have no private attributes, extras or generic parameters.
-        Writing a state at rest compares every sub-model with its default (``exclude_defaults``),
-        usually the shared default instance itself."""
+        general case: contracts have no private attributes, extras, generic parameters or
+        cached properties. Writing a state at rest compares every sub-model with its default
+        (``exclude_defaults``), usually the shared default instance itself."""
         if self is other:
             return True
         if type(other) is type(self):

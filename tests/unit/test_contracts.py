@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import inspect
+import pickle
 import pkgutil
 import re
 import uuid
@@ -15,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 import contracts
 from contracts import keys, topology
-from contracts.base import Contract
+from contracts.base import _NOT_TRACKED, Contract
 from contracts.events import (
     EVENT_SOURCE,
     EVENT_TYPES,
@@ -34,7 +37,7 @@ from contracts.events import (
     make_event,
 )
 from contracts.messages import ChatMessage, Usage
-from contracts.state import AgentState
+from contracts.state import AgentState, SessionContext
 from contracts.tools import ToolCallReply, ToolDefinition, idempotency_key
 from contracts.turns import LimitOverrides, LoopLimits, TurnError, TurnRequest, TurnResult
 from worker.agents import AgentProfile
@@ -483,3 +486,189 @@ def test_a_profile_copy_keeps_its_fields_set() -> None:
         "system_prompt",
         "model",
     }
+
+
+# --------------------------------------------------------------------------- pydantic shortcuts
+
+
+def test_the_shared_fields_set_refuses_every_write() -> None:
+    usage = Usage(prompt_tokens=1)
+    assert usage.__pydantic_fields_set__ is _NOT_TRACKED
+    writes: list[Any] = [
+        lambda s: s.add("x"),
+        lambda s: s.update({"x"}),
+        lambda s: s.discard("x"),
+        lambda s: s.remove("x"),
+        lambda s: s.pop(),
+        lambda s: s.clear(),
+        lambda s: s.intersection_update(set()),
+        lambda s: s.difference_update({"x"}),
+        lambda s: s.symmetric_difference_update({"x"}),
+        lambda s: s.__init__(["x"]),
+    ]
+    for write in writes:
+        with pytest.raises(TypeError):
+            write(usage.model_fields_set)
+    fields_set = usage.model_fields_set
+    for operator in ("__ior__", "__iand__", "__isub__", "__ixor__"):
+        with pytest.raises(TypeError):
+            getattr(fields_set, operator)({"x"})
+    with pytest.raises(TypeError):
+        BaseModel.model_copy(usage, update={"prompt_tokens": 2})  # pydantic adds "prompt_tokens"
+    assert not _NOT_TRACKED and usage.model_fields_set == set()
+    for duplicate in (copy.copy, copy.deepcopy, lambda s: pickle.loads(pickle.dumps(s))):
+        assert duplicate(_NOT_TRACKED) is _NOT_TRACKED
+    for duplicate in (copy.copy, copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))):
+        assert duplicate(usage).__pydantic_fields_set__ is _NOT_TRACKED
+
+
+def test_a_write_below_the_set_methods_fails_the_next_construction() -> None:
+    usage = Usage(prompt_tokens=1)
+    try:
+        # pydantic-core adds to the fields-set with C calls, which the set's methods cannot stop
+        Usage.__pydantic_validator__.validate_assignment(usage, "prompt_tokens", 2)
+        assert list(_NOT_TRACKED) == ["prompt_tokens"]
+        with pytest.raises(RuntimeError, match="fields-set was written"):
+            Usage()
+    finally:
+        set.clear(_NOT_TRACKED)
+    assert Usage().model_fields_set == set()
+
+
+def loaded_contract_classes() -> list[type[Contract]]:
+    """Every Contract subclass imported so far, the contracts package's included."""
+    all_contract_classes()
+    found: list[type[Contract]] = []
+    pending: list[type[Contract]] = [Contract]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            if sub not in found:
+                found.append(sub)
+                pending.append(sub)
+    return found
+
+
+def test_contracts_hold_nothing_the_shortcuts_skip() -> None:
+    """``Contract.__eq__`` and ``model_copy`` skip pydantic's private attributes, extras,
+    generic origins and non-field ``__dict__`` entries: no contract has any of them."""
+    classes = loaded_contract_classes()
+    assert AgentProfile in classes
+    for cls in classes:
+        assert not cls.__private_attributes__, cls
+        assert cls.model_config.get("extra") == "forbid", cls
+        assert cls.__pydantic_generic_metadata__["origin"] is None, cls
+        assert not cls.__pydantic_generic_metadata__["parameters"], cls
+        cached = [
+            name
+            for klass in cls.__mro__
+            for name, value in vars(klass).items()
+            if isinstance(value, functools.cached_property)
+        ]
+        assert not cached, (cls, cached)
+
+
+class SameFields(Contract):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class NarrowerUsage(Usage):
+    pass
+
+
+def state_with_context() -> AgentState:
+    return AgentState(
+        session_id="S1",
+        agent="support",
+        created_at=1.0,
+        updated_at=2.0,
+        context=SessionContext(kv={"cart": {"items": [1, 2]}}),
+    )
+
+
+def equality_pairs() -> list[tuple[Any, Any]]:
+    usage = Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)
+    state = state_with_context()
+    profile = AgentProfile(name="support")
+    return [
+        (usage, usage),
+        (usage, Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)),
+        (usage, Usage(prompt_tokens=3, completion_tokens=2, total_tokens=4)),
+        (usage, SameFields(prompt_tokens=3, completion_tokens=1, total_tokens=4)),
+        (Usage(), NarrowerUsage()),
+        (NarrowerUsage(), Usage()),
+        (usage, (3, 1, 4)),
+        (usage, usage.model_copy()),
+        (state, state.model_copy(update={"version": 2})),
+        (state, state.model_copy(deep=True)),
+        (state, state_with_context()),
+        (request(), request()),
+        (request(), request(metadata={"k": 1})),
+        (ChatMessage.user("hi"), ChatMessage(role="user", content="hi")),
+        (profile, AgentProfile(name="support", tools=("*",))),  # other fields-set, same values
+        (profile, AgentProfile(name="support", model="m")),
+    ]
+
+
+def test_contracts_compare_as_pydantic_does() -> None:
+    for left, right in equality_pairs():
+        assert left.__eq__(right) is BaseModel.__eq__(left, right), (left, right)
+        assert (left == right) is (BaseModel.__eq__(left, right) is True), (left, right)
+
+
+def pydantic_copy(model: BaseModel, update: dict[str, Any] | None, deep: bool) -> BaseModel:
+    """pydantic's own ``model_copy`` of ``model``, on a twin that has a fields-set of its own."""
+    if model.__pydantic_fields_set__ is not _NOT_TRACKED:
+        return BaseModel.model_copy(model, update=update, deep=deep)
+    twin = BaseModel.__copy__(model)
+    object.__setattr__(twin, "__pydantic_fields_set__", set())
+    return BaseModel.model_copy(twin, update=update, deep=deep)
+
+
+COPIES: dict[str, tuple[Any, dict[str, Any] | None, bool]] = {
+    "plain": (Usage(prompt_tokens=3), None, False),
+    "update": (ChatMessage.user("hi").model_copy(update={"name": "ann"}), {"content": "ho"}, False),
+    "nested update": (state_with_context(), {"version": 2, "context": SessionContext()}, False),
+    "deep": (state_with_context(), None, True),
+    "deep update": (
+        state_with_context(),
+        {"version": 2, "context": SessionContext(kv={"k": [1]})},
+        True,
+    ),
+    "tuples": (request(input=[{"content": "a"}, {"content": "b"}]), {"persist": False}, False),
+    "profile": (AgentProfile(name="support", system_prompt="p"), {"model": "m"}, False),
+    "deep profile": (AgentProfile(name="support", system_prompt="p"), {"model": "m"}, True),
+}
+
+
+@pytest.mark.parametrize(("model", "update", "deep"), COPIES.values(), ids=COPIES.keys())
+def test_contracts_copy_as_pydantic_does(model: Any, update: Any, deep: bool) -> None:
+    ours = model.model_copy(update=update, deep=deep)
+    theirs = pydantic_copy(model, update, deep)
+    assert type(ours) is type(theirs) is type(model)
+    assert ours.__dict__ == theirs.__dict__ and ours.__dict__ is not model.__dict__
+    assert BaseModel.__eq__(ours, theirs) is True
+    assert ours.__pydantic_extra__ == theirs.__pydantic_extra__
+    assert ours.__pydantic_private__ == theirs.__pydantic_private__
+    assert ours.model_dump() == theirs.model_dump()
+    assert ours.model_dump_json() == theirs.model_dump_json()
+    for name, value in model.__dict__.items():
+        shared, shared_by_pydantic = ours.__dict__[name] is value, theirs.__dict__[name] is value
+        assert shared is shared_by_pydantic, (
+            f"{name}: shared {shared}, by pydantic {shared_by_pydantic}"
+        )
+    for name, value in (update or {}).items():
+        assert ours.__dict__[name] is value is theirs.__dict__[name], "updates are not copied"
+    with pytest.raises(ValidationError, match="frozen"):
+        setattr(ours, next(iter(type(ours).model_fields)), None)
+    if model.__pydantic_fields_set__ is _NOT_TRACKED:
+        # the one difference: pydantic adds the updated names, a contract keeps no fields-set
+        assert ours.__pydantic_fields_set__ is _NOT_TRACKED
+        assert ours.model_dump(exclude_unset=True) == model.model_dump(exclude_unset=True) == {}
+        assert theirs.model_fields_set == set(update or ())
+    else:
+        assert ours.model_fields_set == theirs.model_fields_set
+        assert ours.model_fields_set == model.model_fields_set | set(update or ())
+        assert ours.model_dump(exclude_unset=True) == theirs.model_dump(exclude_unset=True)
+        assert ours.__pydantic_fields_set__ is not model.__pydantic_fields_set__
