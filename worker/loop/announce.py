@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from contracts.events import EventData, EventType, TurnFinished, make_event
-from contracts.state import AgentState
+from contracts.events import EventData, EventType, StepCompleted, TurnFinished, make_event
+from contracts.messages import Usage
+from contracts.state import AgentState, StepExecution
 from worker.loop.ports import EventSink
 
 log = logging.getLogger("loopwire.loop")
@@ -42,3 +43,26 @@ async def announce(
         await events.emit(event)
     except Exception:
         log.exception("could not publish %s for turn %s", event_type, turn_id)
+
+
+async def announce_step(
+    events: EventSink, now: float, state: AgentState, record: StepExecution
+) -> None:
+    """``step.completed`` for a step the state records."""
+    step = record.step
+    response = step.response
+    await announce(
+        events,
+        now,
+        "step.completed",
+        StepCompleted(
+            step_type=step.type,
+            finish_reason=response.finish_reason if response else "error",
+            tool_calls=len(step.tool_executions),
+            usage=response.usage if response else Usage(),
+            duration_s=record.duration_s,
+            model_duration_s=response.duration_s if response else 0.0,
+        ),
+        state,
+        step=step.index,
+    )

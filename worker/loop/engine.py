@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from contracts.events import (
     EventData,
     EventType,
-    StepCompleted,
     TurnFinished,
     TurnStarted,
     finish_event_type,
 )
-from contracts.messages import ChatMessage, Usage
+from contracts.messages import ChatMessage
 from contracts.state import (
     AgentState,
     AgentStep,
@@ -48,7 +47,7 @@ from contracts.state import (
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from worker.errors import ModelError
-from worker.loop.announce import announce
+from worker.loop.announce import announce, announce_step
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext
 from worker.loop.ports import (
@@ -64,7 +63,14 @@ from worker.loop.ports import (
 from worker.loop.request import compile_messages, model_request
 from worker.loop.spec import AgentSpec
 from worker.loop.tools import ToolRunner, unique_call_ids
-from worker.loop.turn import closed, new_execution, turn_of, turn_result, with_execution
+from worker.loop.turn import (
+    closed,
+    new_execution,
+    turn_of,
+    turn_result,
+    with_appended,
+    with_execution,
+)
 
 log = logging.getLogger("loopwire.loop")
 
@@ -365,41 +371,17 @@ class Loop:
     async def _save(
         self, state: AgentState, *, append: Sequence[ChatMessage] = (), release: bool = False
     ) -> AgentState:
-        """Save mid-turn, counting appended messages into the turn and (when persisted) the
-        session; ``release`` on the step's last write."""
-        ex = turn_of(state)
-        changes: dict[str, object] = {"updated_at": self.clock()}
-        update: dict[str, object] = {}
-        if append:
-            changes["message_count"] = ex.message_count + len(append)
-            if ex.request.persist:
-                update["history_len"] = state.history_len + len(append)
-        update["execution"] = ex.model_copy(update=changes)
-        return await self.store.save(
-            state.model_copy(update=update), append=append, release=release
-        )
+        """Save mid-turn; ``release`` on the step's last write."""
+        counted = with_appended(state, len(append), self.clock())
+        return await self.store.save(counted, append=append, release=release)
 
     async def _emit_step(
         self, state: AgentState, record: StepExecution, *, invoked: Sequence[ToolExecution] = ()
     ) -> None:
         """``tool.invoked`` for results the step's save stored, then ``step.completed``."""
-        step = record.step
         for execution in invoked:
-            await self.tools.emit_invoked(state, step.index, execution)
-        response = step.response
-        await self._emit(
-            "step.completed",
-            StepCompleted(
-                step_type=step.type,
-                finish_reason=response.finish_reason if response else "error",
-                tool_calls=len(step.tool_executions),
-                usage=response.usage if response else Usage(),
-                duration_s=record.duration_s,
-                model_duration_s=response.duration_s if response else 0.0,
-            ),
-            state,
-            step=step.index,
-        )
+            await self.tools.emit_invoked(state, record.step.index, execution)
+        await announce_step(self.events, self.clock(), state, record)
 
     async def _emit(
         self,

@@ -80,3 +80,17 @@ def turn_of(state: AgentState) -> ExecutionState:
 def with_execution(state: AgentState, **changes: Any) -> AgentState:
     ex = turn_of(state).model_copy(update=changes)
     return state.model_copy(update={"execution": ex})
+
+
+def with_appended(state: AgentState, appended: int, now: float) -> AgentState:
+    """The state with ``appended`` more messages counted into its turn and, when the turn is
+    persisted, into the session's history."""
+    ex = turn_of(state)
+    changes: dict[str, object] = {"updated_at": now}
+    update: dict[str, object] = {}
+    if appended:
+        changes["message_count"] = ex.message_count + appended
+        if ex.request.persist:
+            update["history_len"] = state.history_len + appended
+    update["execution"] = ex.model_copy(update=changes)
+    return state.model_copy(update=update)
