@@ -1,4 +1,5 @@
-"""msgpack codec with hard limits, for every contract on the wire and at rest.
+"""msgpack codec with hard limits, for every contract on the wire and at rest, and the JSON
+that the session state is written as (``encode_stored``).
 
 Decoding never trusts a length header: msgpack's own limits reject a container
 claiming more items, or a string claiming more bytes, than the message could
@@ -40,11 +41,11 @@ def encode(model: BaseModel) -> bytes:
 def encode_stored(model: BaseModel, *, exclude: set[str] | None = None) -> bytes:
     """Encode a contract loopwire keeps for itself (state at rest) as JSON, without the fields
     that hold their default. pydantic-core writes it and reads it back (``read_stored``)
-    without a pass through Python objects: a fifth-step state costs ~45 us to write and ~80 us
-    to read, against ~55 and ~125 us through msgpack, and a default sub-model comes back as the
-    one shared instance, not a new object per read. (On the wire every field is written, as
-    msgpack: ``encode``.) A changed default is a schema change: ``schema_version`` is always
-    written, so a later version can tell what it reads."""
+    without a pass through Python objects, cheaper both ways than msgpack (reading the more
+    so), and a default sub-model comes back as the one shared instance, not a new object per
+    read. (On the wire every field is written, as msgpack: ``encode``.) A changed default is a
+    schema change: ``schema_version`` is always written, so a later version can tell what it
+    reads."""
     data: bytes = model.__pydantic_serializer__.to_json(
         model, exclude=exclude, exclude_defaults=True
     )
@@ -110,8 +111,9 @@ def decode(data: bytes, model: type[M], *, max_bytes: int = MAX_MESSAGE_BYTES) -
 
 
 def decode_stored(data: bytes) -> Any:
-    """Decode msgpack that loopwire wrote itself (state at rest), without the walk over every
-    container that guards messages from outside: what ``encode`` wrote is JSON-compatible."""
+    """Decode msgpack that loopwire wrote itself (a state written as msgpack), without the walk
+    over every container that guards messages from outside: what ``encode`` wrote is
+    JSON-compatible."""
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_reject_ext)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:

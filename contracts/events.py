@@ -145,9 +145,9 @@ def event_id(
 
 
 def _uuid5(name: str) -> str:
-    """``str(uuid.uuid5(_NAMESPACE, name))`` without building a ``UUID`` (a third of the cost
-    of an event on the step's path): the SHA-1 of namespace and name, version and variant bits
-    set, in the 8-4-4-4-12 form."""
+    """``str(uuid.uuid5(_NAMESPACE, name))`` without building a ``UUID`` (which costs a good
+    part of an event on the step's path): the SHA-1 of namespace and name, version and variant
+    bits set, in the 8-4-4-4-12 form."""
     h = hashlib.sha1(_NAMESPACE_BYTES + name.encode(), usedforsecurity=False).hexdigest()
     variant = "89ab"[int(h[16], 16) & 0x3]
     return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"

@@ -16,7 +16,8 @@ PREFIX: Final = "lw"
 
 
 def session_state(session_id: str) -> str:
-    """msgpack ``AgentState`` (the version lives inside it)."""
+    """Hash ``{v: version, s: AgentState}``: the state as JSON without the fields at their
+    defaults (``codec.encode_stored``); msgpack, as earlier versions wrote it, is read too."""
     return f"{PREFIX}:{{{session_id}}}:state"
 
 

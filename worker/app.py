@@ -81,8 +81,8 @@ def openai_client(settings: Settings) -> AsyncOpenAI:
         api_key=m.api_key.get_secret_value(),
         max_retries=m.max_retries,
         timeout=httpx2.Timeout(m.timeout_s, connect=m.connect_timeout_s),
-        # the client's aiohttp transport (httpx's own pool costs several times its CPU per call
-        # and grows with concurrent calls), minus httpx's per-call merging layers (tests/bench)
+        # the client's aiohttp transport (httpx's own pool costs more CPU per call, the more so
+        # with concurrent calls), minus httpx's per-call merging layers (tests/bench)
         http_client=ModelHttpClient(
             limits=httpx2.Limits(
                 max_connections=m.max_connections, max_keepalive_connections=m.max_connections

@@ -1,17 +1,17 @@
 """Python's cyclic garbage collector, set for a process that runs for weeks at a steady load.
 
-A step allocates thousands of short-lived objects (pydantic models, coroutines, futures, AMQP
+A step allocates many short-lived objects (pydantic models, coroutines, futures, AMQP
 frames); with the default threshold (a young-generation collection every 700 net allocations)
-the collector runs hundreds of times a second under load and walks every object of the turns in
+the collector runs many times a second under load and walks every object of the turns in
 flight each time, promoting them to older generations it then walks again, and a full
-collection walks everything startup built (modules, the ``openai`` client, settings: ~120,000
-objects, 60 ms a time). Measured on the step benchmark: 3.3 % of the worker's CPU in the
-collector with the defaults, 0.5 % with ``tune``.
+collection walks everything startup built (modules, the ``openai`` client, settings), a long
+pause each time. With the defaults the collector takes a sizeable share of the worker's CPU;
+with ``tune`` very little.
 
 ``tune`` moves what startup built out of the collector's reach (``gc.freeze``: it lives as
 long as the process) and collects the young generation every ``young`` allocations instead.
 Reference counting still frees almost everything at once; only garbage in reference cycles
-waits longer (at most ``young`` objects, a few hundred KB).
+waits longer (at most ``young`` objects).
 """
 
 from __future__ import annotations

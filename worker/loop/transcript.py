@@ -1,6 +1,6 @@
 """The messages of one model request, decoded no further than the request needs.
 
-A step sends the whole conversation to the model: with a 40-message history,
+A step sends the whole conversation to the model: with a long history,
 validating every stored message into a ``ChatMessage`` again (the store
 validated each on the way in) costs more CPU than encoding the request. So the
 store hands the history over as the plain data it decoded (``StoredMessages``),

@@ -191,12 +191,12 @@ class SessionHandle:
     """``StepSession`` of the Redis store: one step under one lease.
 
     While the model thinks (seconds, with thousands of turns in flight) a state is held as the
-    bytes it is stored as (``park``): the objects of a state are several times their stored
-    size and grow with every step. The handle remembers the bytes it last read or wrote, with
-    their version, where the loop asks the model next (no step pending), so that parking that
-    state does not encode it again; the session history read with the lease is handed out once
-    and kept current with what the step appends (no other writer appends while the lease is
-    held)."""
+    bytes it is stored as (``park``): the objects of a state take much more memory than its
+    stored bytes and grow with every step. The handle remembers the bytes it last read or
+    wrote, with their version, where the loop asks the model next (no step pending), so that
+    parking that state does not encode it again; the session history read with the lease is
+    handed out once and kept current with what the step appends (no other writer appends while
+    the lease is held)."""
 
     __slots__ = (
         "_history",

@@ -3,8 +3,8 @@
 aio-pika's ``Exchange.publish`` has aiormq wait twice for every message: until the connection's
 writer task has written the frames to the socket (``drain``) and then for the broker's
 confirmation. On a channel with publisher confirms the second wait implies the first, and the
-first costs a third of a publish's CPU (a hand-off to the writer task and back; a step makes five
-confirmed publishes). ``ConfirmedPublisher`` publishes through the same aio-pika channel's
+first costs a good part of a publish's CPU (a hand-off to the writer task and back; a step makes
+several confirmed publishes). ``ConfirmedPublisher`` publishes through the same aio-pika channel's
 underlying aiormq channel without that wait:
 
 - the aiormq channel is looked up per publish (a robust channel gets a new one after a
