@@ -135,7 +135,8 @@ class Consumer:
     async def _work(self, message: AbstractIncomingMessage, headers: dict[str, Any]) -> Settlement:
         """Do what the message asks, publishing what follows; say how to settle it."""
         try:
-            deliveries = int(headers.get("x-delivery-count", 0))
+            deliveries = _count(headers, "x-delivery-count")
+            _count(headers, t.H_ATTEMPT)
             if deliveries >= self.poison_after:
                 raise PermanentError(
                     f"delivered {deliveries + 1} times without being done (it may crash workers)",
@@ -155,14 +156,14 @@ class Consumer:
             return DeadLetter(exc.reason, exc.code)
         except PermanentError as exc:
             return DeadLetter(str(exc), exc.code)
+        except (AMQPError, ChannelInvalidStateError):
+            raise  # the broker connection went down mid-step: redelivered once it is back
         except (RetryableError, RedisError, ConnectionError) as exc:
             log.warning("retrying work after a transient failure: %s", exc)
             return Retry("transient")
-        except (AMQPError, ChannelInvalidStateError):
-            raise  # the broker connection went down mid-step: redelivered once it is back
         except Exception as exc:
             log.exception("step failed")
-            attempt = int(headers.get(t.H_ATTEMPT, 0)) + 1
+            attempt = _count(headers, t.H_ATTEMPT) + 1
             if attempt >= self.max_step_attempts:
                 return DeadLetter(
                     f"step failed {attempt} times: {type(exc).__name__}: {exc}", "step_failed"
@@ -222,7 +223,7 @@ class Consumer:
     async def _retry(
         self, message: AbstractIncomingMessage, headers: dict[str, Any], retry: Retry
     ) -> None:
-        attempt = int(headers.get(t.H_ATTEMPT, 0)) + (1 if retry.failed else 0)
+        attempt = _count(headers, t.H_ATTEMPT, bad=0) + (1 if retry.failed else 0)
         # One delay for every retry: messages in the delay queue expire in order, so a longer
         # backoff would hold back the short retries queued behind it.
         await self.publisher.publish(
@@ -329,6 +330,17 @@ class Consumer:
             await self.events.emit(event)
         except Exception:
             log.exception("could not publish turn.rejected")
+
+
+def _count(headers: dict[str, Any], name: str, *, bad: int | None = None) -> int:
+    """A count header (``x-delivery-count``, the attempt); one that is not a count is bad
+    input (``DecodeError``), or ``bad`` where given."""
+    value = headers.get(name, 0)
+    if type(value) is int and value >= 0:
+        return value
+    if bad is not None:
+        return bad
+    raise DecodeError(f"header {name} is not a count: {str(value)[:64]!r}", code="bad_header")
 
 
 def _step_work(body: bytes) -> StepWork | None:

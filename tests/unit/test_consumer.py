@@ -1,0 +1,628 @@
+"""The consumer's decision table, row by row, over in-memory doubles (no RabbitMQ, no Redis).
+
+Each test hands the consumer a delivery and asserts what a user would see: what was published
+where (the next step on ``loopwire.turns``, the result on the publisher's reply queue, a retry
+on ``loopwire.turns.retry``, a dead letter with its reason), the events, and how the delivery
+was settled — acked exactly once, or given back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+from aiormq.exceptions import ChannelInvalidStateError
+from prometheus_client import CollectorRegistry
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from contracts import topology as t
+from contracts.codec import MAX_MESSAGE_BYTES, decode, encode, encode_obj
+from contracts.events import TurnRejected
+from contracts.messages import ChatMessage, ToolCall
+from contracts.state import ModelResponse
+from contracts.tools import ToolContext, ToolDefinition
+from contracts.turns import InputMessage, TurnRequest, TurnResult
+from contracts.work import StepWork
+from worker.agents import AgentProfile, AgentProfiles
+from worker.loop import Loop
+from worker.metrics import WorkerMetrics
+from worker.sequencer import SessionSequencer
+from worker.session.leases import LeaseKeeper
+from worker.session.port import StepSession
+from worker.testing.broker import MemoryDelivery, MemoryPublisher, Published, ScriptedAnswers
+from worker.testing.memory import (
+    FunctionTools,
+    ListSink,
+    MemorySession,
+    MemoryStore,
+    StaticCatalog,
+)
+from worker.transport.consumer import Consumer
+
+SESSION = "s1"
+REPLIES = "client.replies"
+POISON_AFTER = 4
+MAX_STEP_ATTEMPTS = 3
+BUSY_RETRY_S = 0.01
+LOOKUP = ToolDefinition(
+    name="lookup",
+    description="Look an order up.",
+    parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+)
+
+
+# -- doubles and building blocks ------------------------------------------------------------
+
+
+class FlakyStore(MemoryStore):
+    """A memory store whose ``take`` raises ``take_error`` while it is set (Redis away)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.take_error: BaseException | None = None
+
+    async def take(self, session_id: str) -> MemorySession | None:
+        if self.take_error is not None:
+            raise self.take_error
+        return await super().take(session_id)
+
+
+async def lookup(args: dict[str, Any], ctx: ToolContext) -> Any:
+    return {"items": [f"order {args.get('q')}: shipped"]}
+
+
+@dataclasses.dataclass
+class Rig:
+    store: MemoryStore
+    model: ScriptedAnswers
+    tools: FunctionTools
+    publisher: MemoryPublisher
+    dead_letters: MemoryPublisher
+    events: ListSink
+    registry: CollectorRegistry
+    consumer: Consumer
+
+    async def deliver(self, delivery: MemoryDelivery) -> MemoryDelivery:
+        # MemoryDelivery has what the consumer uses of an aio-pika incoming message
+        await self.consumer.handle(cast(AbstractIncomingMessage, delivery))
+        return delivery
+
+    def steps(self) -> list[StepWork]:
+        return [decode(p.body, StepWork) for p in self.publisher.to(t.TURNS_QUEUE)]
+
+    def last_step(self) -> Published:
+        return self.publisher.to(t.TURNS_QUEUE)[-1]
+
+    def replies(self) -> list[TurnResult]:
+        return [decode(p.body, TurnResult) for p in self.publisher.to(REPLIES)]
+
+    def retries(self) -> list[Published]:
+        return self.publisher.to(t.RETRY_QUEUE)
+
+    def event_types(self, turn_id: str | None = None) -> list[str]:
+        return [e.type for e in self.events.events if turn_id is None or e.turn_id == turn_id]
+
+    def counted(self, metric: str, reason: str) -> float:
+        value = self.registry.get_sample_value(f"{metric}_total", {"reason": reason})
+        return value or 0.0
+
+
+MakeRig = Callable[..., Rig]
+
+
+@pytest.fixture
+def make_rig() -> Iterator[MakeRig]:
+    """Rigs over a memory store and scripted model answers; each model must have been asked
+    exactly as often as it was scripted."""
+    rigs: list[Rig] = []
+
+    def make(*answers: ModelResponse | BaseException, store: MemoryStore | None = None) -> Rig:
+        store = store if store is not None else MemoryStore()
+        model = ScriptedAnswers(answers)
+        tools = FunctionTools({"lookup": lookup})
+        events = ListSink()
+        registry = CollectorRegistry()
+
+        def loop_factory(session: StepSession, profile: AgentProfile) -> Loop:
+            return Loop(
+                model=model,
+                tools=tools,
+                catalog=StaticCatalog([LOOKUP]),
+                store=session,
+                events=events,
+            )
+
+        sequencer = SessionSequencer(
+            store=store,
+            leases=LeaseKeeper(store),
+            profiles=AgentProfiles(agents=(AgentProfile(name="support"),)),
+            loop_factory=loop_factory,
+            events=events,
+        )
+        up = asyncio.Event()
+        up.set()
+        publisher, dead_letters = MemoryPublisher(), MemoryPublisher()
+        consumer = Consumer(
+            work=sequencer,
+            publisher=publisher,
+            dead_letters=dead_letters,
+            events=events,
+            busy_retry_s=BUSY_RETRY_S,
+            max_step_attempts=MAX_STEP_ATTEMPTS,
+            poison_after=POISON_AFTER,
+            metrics=WorkerMetrics(registry),
+            broker_up=up,
+        )
+        rig = Rig(store, model, tools, publisher, dead_letters, events, registry, consumer)
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.model.assert_done()
+
+
+def request(
+    turn_id: str = "t1", *, agent: str = "support", reply_to: str | None = REPLIES
+) -> TurnRequest:
+    return TurnRequest(
+        turn_id=turn_id,
+        session_id=SESSION,
+        agent=agent,
+        input=(InputMessage(content="Where is order 42?"),),
+        reply_to=reply_to,
+    )
+
+
+def start(req: TurnRequest, headers: dict[str, Any] | None = None) -> MemoryDelivery:
+    """A turn request as a publisher sends it (no kind header: a start)."""
+    return MemoryDelivery(
+        encode(req), headers=headers, message_id=req.turn_id, reply_to=req.reply_to
+    )
+
+
+def step(turn_id: str, index: int, headers: dict[str, Any] | None = None) -> MemoryDelivery:
+    work = StepWork(session_id=SESSION, turn_id=turn_id, step=index)
+    return MemoryDelivery(
+        encode(work),
+        headers={t.H_KIND: t.KIND_STEP, **(headers or {})},
+        message_id=f"{turn_id}:{index}",
+    )
+
+
+def calls_lookup(q: str = "42", content: str | None = None) -> ModelResponse:
+    call = ToolCall(id="call_1", name="lookup", arguments=json.dumps({"q": q}))
+    message = ChatMessage(role="assistant", content=content, tool_calls=(call,))
+    return ModelResponse(message=message, finish_reason="tool_calls")
+
+
+def answers(text: str) -> ModelResponse:
+    return ModelResponse(message=ChatMessage(role="assistant", content=text))
+
+
+def acked_once(delivery: MemoryDelivery) -> bool:
+    return delivery.acks == 1 and delivery.nacks == []
+
+
+def assert_step_message(published: Published, turn_id: str, index: int) -> None:
+    assert published.routing_key == t.TURNS_QUEUE
+    assert published.mandatory is True
+    assert decode(published.body, StepWork) == StepWork(
+        session_id=SESSION, turn_id=turn_id, step=index
+    )
+    assert published.headers == {t.H_KIND: t.KIND_STEP}
+    assert published.properties.message_id == f"{turn_id}:{index}"
+    assert published.properties.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+
+
+def only_dead_letter(rig: Rig) -> Published:
+    assert len(rig.dead_letters.published) == 1, rig.dead_letters.published
+    letter = rig.dead_letters.published[0]
+    assert letter.routing_key == t.TURNS_QUEUE
+    return letter
+
+
+# -- starting turns ---------------------------------------------------------------------------
+
+
+async def test_new_request_publishes_its_first_step(make_rig: MakeRig) -> None:
+    rig = make_rig()
+
+    delivery = await rig.deliver(start(request("t1")))
+
+    assert acked_once(delivery)
+    assert len(rig.publisher.published) == 1
+    assert_step_message(rig.publisher.published[0], "t1", 0)
+    assert rig.dead_letters.published == []
+    assert rig.event_types() == ["turn.accepted"]
+    assert rig.model.requests == []
+
+
+async def test_request_queued_behind_another_turn_publishes_nothing(make_rig: MakeRig) -> None:
+    rig = make_rig()
+    await rig.deliver(start(request("t1")))
+
+    delivery = await rig.deliver(start(request("t2"), {t.H_KIND: t.KIND_START}))
+
+    assert acked_once(delivery)
+    assert [s.turn_id for s in rig.steps()] == ["t1"]
+    assert rig.store.queues[SESSION] == ["t1", "t2"]
+    assert rig.event_types("t2") == ["turn.accepted"]
+
+
+async def test_duplicate_request_of_a_finished_turn_is_answered_again(make_rig: MakeRig) -> None:
+    rig = make_rig(answers("Order 42 shipped yesterday."))
+    await rig.deliver(start(request("t1")))
+    await rig.deliver(MemoryDelivery.of(rig.last_step()))
+    [first] = rig.replies()
+
+    delivery = await rig.deliver(start(request("t1")))
+
+    assert acked_once(delivery)
+    assert rig.replies() == [first, first]
+    assert first.content == "Order 42 shipped yesterday."
+    assert [s.step for s in rig.steps()] == [0]  # no step of its own
+    assert rig.counted("loopwire_work_dropped", "duplicate_request") == 1
+    assert len(rig.model.requests) == 1
+
+
+# -- steps ----------------------------------------------------------------------------------
+
+
+async def test_busy_session_is_retried_with_the_same_attempt(make_rig: MakeRig) -> None:
+    rig = make_rig()
+    await rig.deliver(start(request("t1")))
+    other = await rig.store.take(SESSION)  # another worker holds the session's lease
+    assert other is not None
+
+    delivery = await rig.deliver(MemoryDelivery.of(rig.last_step(), {t.H_ATTEMPT: 2}))
+
+    assert acked_once(delivery)
+    [retry] = rig.retries()
+    assert retry.body == delivery.body
+    assert retry.mandatory is True
+    assert retry.headers == {t.H_KIND: t.KIND_STEP, t.H_ATTEMPT: 2}
+    assert retry.properties.message_id == "t1:0"
+    assert retry.properties.expiration == "10"
+    assert [s.step for s in rig.steps()] == [0]
+    assert rig.counted("loopwire_work_retried", "busy") == 1
+    assert rig.store.leases[SESSION][0] == other.token  # the other worker's lease is untouched
+    assert rig.model.requests == []
+
+
+@pytest.mark.parametrize(
+    ("turn_id", "index"),
+    [("t1", 5), ("t9", 0)],
+    ids=["step-ahead-of-its-turn", "turn-never-requested"],
+)
+async def test_stale_step_message_is_dropped(make_rig: MakeRig, turn_id: str, index: int) -> None:
+    rig = make_rig(calls_lookup())
+    await rig.deliver(start(request("t1")))
+    await rig.deliver(MemoryDelivery.of(rig.last_step()))
+    published = len(rig.publisher.published)
+
+    delivery = await rig.deliver(step(turn_id, index))
+
+    assert acked_once(delivery)
+    assert len(rig.publisher.published) == published
+    assert rig.dead_letters.published == []
+    assert rig.counted("loopwire_work_dropped", "stale_step") == 1
+
+
+async def test_step_where_the_model_calls_a_tool_publishes_the_next_step(
+    make_rig: MakeRig,
+) -> None:
+    rig = make_rig(calls_lookup(q="42"))
+    await rig.deliver(start(request("t1")))
+
+    delivery = await rig.deliver(MemoryDelivery.of(rig.last_step()))
+
+    assert acked_once(delivery)
+    assert [(c.tool, c.arguments) for c in rig.tools.calls] == [("lookup", {"q": "42"})]
+    assert len(rig.publisher.published) == 2
+    assert_step_message(rig.publisher.published[1], "t1", 1)
+    assert rig.replies() == []
+    assert rig.model.requests[0].messages[-1].content == "Where is order 42?"
+    assert [d.name for d in rig.model.requests[0].tools] == ["lookup"]
+    assert "step.completed" in rig.event_types("t1")
+
+
+async def test_last_step_replies_and_starts_the_next_queued_turn(make_rig: MakeRig) -> None:
+    rig = make_rig(calls_lookup(), answers("Order 42 shipped yesterday."))
+    await rig.deliver(start(request("t1")))
+    await rig.deliver(start(request("t2")))
+    await rig.deliver(MemoryDelivery.of(rig.last_step()))
+    published = len(rig.publisher.published)
+
+    delivery = await rig.deliver(MemoryDelivery.of(rig.last_step()))
+
+    assert acked_once(delivery)
+    reply, kick = rig.publisher.published[published:]
+    assert reply.routing_key == REPLIES
+    assert reply.mandatory is False
+    assert reply.properties.correlation_id == "t1"
+    assert reply.properties.message_type == "turn.result"
+    assert reply.properties.delivery_mode == aio_pika.DeliveryMode.NOT_PERSISTENT
+    result = decode(reply.body, TurnResult)
+    assert (result.turn_id, result.finish_reason, result.steps) == ("t1", "stop", 2)
+    assert result.content == "Order 42 shipped yesterday."
+    assert_step_message(kick, "t2", 0)
+    assert "turn.completed" in rig.event_types("t1")
+    # the tool's result reached the model on the second step
+    assert "shipped" in str(rig.model.requests[1].messages[-1].content)
+
+
+# -- dead letters -------------------------------------------------------------------------
+
+
+async def test_poison_step_is_dead_lettered_and_its_turn_ended(make_rig: MakeRig) -> None:
+    rig = make_rig()
+    await rig.deliver(start(request("t1")))
+
+    delivery = await rig.deliver(
+        MemoryDelivery.of(rig.last_step(), {"x-delivery-count": POISON_AFTER})
+    )
+
+    assert acked_once(delivery)
+    letter = only_dead_letter(rig)
+    assert letter.body == delivery.body
+    assert letter.headers[t.H_REASON_CODE] == "poison"
+    assert f"delivered {POISON_AFTER + 1} times" in letter.headers[t.H_REASON]
+    assert letter.headers[t.H_KIND] == t.KIND_STEP
+    assert letter.headers[t.H_DEAD_ID]
+    [result] = rig.replies()
+    assert result.finish_reason == "error"
+    assert result.error is not None and result.error.code == "poison"
+    assert rig.store.results["t1"] == result
+    assert "turn.failed" in rig.event_types("t1")
+    assert "turn.rejected" not in rig.event_types()
+    assert rig.retries() == []
+    assert rig.model.requests == []  # the step did not run
+
+
+async def test_one_delivery_short_of_the_poison_limit_still_runs(make_rig: MakeRig) -> None:
+    rig = make_rig(answers("Shipped."))
+    await rig.deliver(start(request("t1")))
+
+    delivery = await rig.deliver(
+        MemoryDelivery.of(rig.last_step(), {"x-delivery-count": POISON_AFTER - 1})
+    )
+
+    assert acked_once(delivery)
+    assert rig.dead_letters.published == []
+    assert [r.finish_reason for r in rig.replies()] == ["stop"]
+
+
+async def test_poison_request_is_dead_lettered_and_announced(make_rig: MakeRig) -> None:
+    rig = make_rig()
+
+    delivery = await rig.deliver(start(request("t1"), {"x-delivery-count": POISON_AFTER + 3}))
+
+    assert acked_once(delivery)
+    assert only_dead_letter(rig).headers[t.H_REASON_CODE] == "poison"
+    [rejected] = rig.events.events
+    assert (rejected.type, rejected.turn_id, rejected.session_id) == ("turn.rejected", "t1", "s1")
+    assert rig.store.turns == {}
+    assert rig.publisher.published == []
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{t.H_ATTEMPT: "x"}, {t.H_ATTEMPT: -1}, {"x-delivery-count": "3"}, {t.H_ATTEMPT: 1.5}],
+)
+async def test_a_count_header_that_is_not_a_count_is_dead_lettered(
+    make_rig: MakeRig, headers: dict[str, Any]
+) -> None:
+    rig = make_rig()
+
+    delivery = await rig.deliver(start(request("t1"), headers))
+
+    assert acked_once(delivery)
+    assert only_dead_letter(rig).headers[t.H_REASON_CODE] == "bad_header"
+    assert rig.publisher.published == []
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "announced"),
+    [
+        (b"\xc1", "malformed", False),
+        (b"", "malformed", False),
+        (encode_obj({"turn_id": "t1", "session_id": "s1", "agent": "support"}), "schema", True),
+        (encode_obj(["not", "a", "map"]), "schema", False),
+        (b"\x00" * (MAX_MESSAGE_BYTES + 1), "oversize", False),
+    ],
+    ids=["not-msgpack", "empty", "missing-fields", "not-a-map", "oversize"],
+)
+async def test_malformed_request_is_dead_lettered(
+    make_rig: MakeRig, body: bytes, code: str, announced: bool
+) -> None:
+    rig = make_rig()
+
+    delivery = await rig.deliver(MemoryDelivery(body, message_id="m1"))
+
+    assert acked_once(delivery)
+    letter = only_dead_letter(rig)
+    assert letter.body == body
+    assert letter.headers[t.H_REASON_CODE] == code
+    assert letter.headers[t.H_REASON]
+    assert letter.properties.message_id == "m1"
+    assert rig.publisher.published == []
+    assert rig.store.turns == {}
+    if announced:
+        [event] = rig.events.events
+        assert (event.type, event.turn_id) == ("turn.rejected", "t1")
+        assert isinstance(event.data, TurnRejected) and event.data.code == code
+    else:
+        assert rig.events.events == []
+
+
+async def test_unknown_message_kind_is_dead_lettered(make_rig: MakeRig) -> None:
+    rig = make_rig()
+
+    delivery = await rig.deliver(start(request("t1"), {t.H_KIND: "turn.pause"}))
+
+    assert acked_once(delivery)
+    letter = only_dead_letter(rig)
+    assert letter.headers[t.H_REASON_CODE] == "unknown_kind"
+    assert "turn.pause" in letter.headers[t.H_REASON]
+    assert rig.event_types("t1") == ["turn.rejected"]
+    assert rig.store.turns == {}
+    assert rig.publisher.published == []
+
+
+async def test_unknown_agent_is_dead_lettered(make_rig: MakeRig) -> None:
+    rig = make_rig()
+
+    delivery = await rig.deliver(start(request("t1", agent="billing")))
+
+    assert acked_once(delivery)
+    letter = only_dead_letter(rig)
+    assert letter.headers[t.H_REASON_CODE] == "unknown_agent"
+    assert "billing" in letter.headers[t.H_REASON]
+    [event] = rig.events.events
+    assert (event.type, event.turn_id, event.agent) == ("turn.rejected", "t1", "billing")
+    assert rig.store.turns == {}  # never accepted
+    assert rig.publisher.published == []
+    assert rig.counted("loopwire_dead_lettered", "unknown_agent") == 1
+
+
+# -- transient failures and failing steps ---------------------------------------------------------
+
+
+async def test_redis_down_retries_the_step_later(make_rig: MakeRig) -> None:
+    store = FlakyStore()
+    rig = make_rig(store=store)
+    await rig.deliver(start(request("t1")))
+    store.take_error = RedisConnectionError("Connection refused")
+
+    delivery = await rig.deliver(MemoryDelivery.of(rig.last_step(), {t.H_ATTEMPT: 1}))
+
+    assert acked_once(delivery)
+    [retry] = rig.retries()
+    assert retry.body == delivery.body
+    assert retry.headers[t.H_ATTEMPT] == 1  # a transient failure does not count as an attempt
+    assert rig.counted("loopwire_work_retried", "transient") == 1
+    assert rig.dead_letters.published == []
+    assert rig.replies() == []
+
+
+async def test_redis_down_while_dead_lettering_a_step_retries_it(make_rig: MakeRig) -> None:
+    store = FlakyStore()
+    rig = make_rig(store=store)
+    await rig.deliver(start(request("t1")))
+    store.take_error = RedisConnectionError("Connection refused")
+
+    delivery = await rig.deliver(
+        MemoryDelivery.of(rig.last_step(), {"x-delivery-count": POISON_AFTER})
+    )
+
+    assert acked_once(delivery)
+    assert rig.dead_letters.published == []  # its turn could not be ended: not dead-lettered
+    assert rig.replies() == []
+    [retry] = rig.retries()
+    assert retry.body == delivery.body
+    assert retry.headers[t.H_ATTEMPT] == 0
+    assert rig.counted("loopwire_work_retried", "transient") == 1
+
+    # Redis is back: the retried message is judged again, dead-lettered and its turn ended
+    store.take_error = None
+    again = await rig.deliver(MemoryDelivery.of(retry))
+
+    assert acked_once(again)
+    assert only_dead_letter(rig).headers[t.H_REASON_CODE] == "poison"
+    assert [(r.finish_reason, r.error and r.error.code) for r in rig.replies()] == [
+        ("error", "poison")
+    ]
+
+
+async def test_failing_step_is_retried_then_dead_lettered_and_its_turn_ended(
+    make_rig: MakeRig,
+) -> None:
+    failures = [RuntimeError(f"adapter bug #{n}") for n in range(1, MAX_STEP_ATTEMPTS + 1)]
+    rig = make_rig(*failures)
+    await rig.deliver(start(request("t1")))
+    delivery = MemoryDelivery.of(rig.last_step())
+
+    for attempt in range(1, MAX_STEP_ATTEMPTS):
+        await rig.deliver(delivery)
+        assert acked_once(delivery)
+        assert rig.retries()[-1].headers[t.H_ATTEMPT] == attempt
+        assert rig.dead_letters.published == []
+        assert SESSION not in rig.store.leases  # the failed step let go of the session
+        delivery = MemoryDelivery.of(rig.retries()[-1])
+
+    await rig.deliver(delivery)
+
+    assert acked_once(delivery)
+    assert len(rig.retries()) == MAX_STEP_ATTEMPTS - 1
+    assert rig.counted("loopwire_work_retried", "failed") == MAX_STEP_ATTEMPTS - 1
+    letter = only_dead_letter(rig)
+    assert letter.headers[t.H_REASON_CODE] == "step_failed"
+    assert letter.headers[t.H_REASON] == (
+        f"step failed {MAX_STEP_ATTEMPTS} times: RuntimeError: adapter bug #{MAX_STEP_ATTEMPTS}"
+    )
+    [result] = rig.replies()
+    assert result.finish_reason == "error"
+    assert result.error is not None and result.error.code == "step_failed"
+    assert "turn.failed" in rig.event_types("t1")
+    assert rig.store.queues[SESSION] == []
+    assert len(rig.model.requests) == MAX_STEP_ATTEMPTS
+
+
+# -- the broker going away ------------------------------------------------------------------------
+
+
+async def test_channel_down_during_publish_gives_the_delivery_back(make_rig: MakeRig) -> None:
+    rig = make_rig()
+    rig.publisher.fail_with = ChannelInvalidStateError("publish channel closed")
+
+    delivery = await rig.deliver(start(request("t1")))
+
+    assert delivery.acks == 0
+    assert delivery.nacks == [True]  # back to the queue
+    assert rig.publisher.published == []
+
+    # the broker delivers it again once the channel is back: the turn is kicked again
+    rig.publisher.fail_with = None
+    again = await rig.deliver(start(request("t1")))
+
+    assert acked_once(again)
+    assert [s.step for s in rig.steps()] == [0]
+
+
+async def test_channel_down_after_a_step_was_saved_redoes_only_the_publish(
+    make_rig: MakeRig,
+) -> None:
+    rig = make_rig(calls_lookup())
+    await rig.deliver(start(request("t1")))
+    work = rig.last_step()
+    rig.publisher.fail_with = ChannelInvalidStateError("publish channel closed")
+
+    delivery = await rig.deliver(MemoryDelivery.of(work))
+
+    assert delivery.acks == 0 and delivery.nacks == [True]
+    rig.publisher.fail_with = None
+    again = await rig.deliver(MemoryDelivery.of(work))
+
+    assert acked_once(again)
+    assert [s.step for s in rig.steps()] == [0, 1]
+    assert len(rig.tools.calls) == 1  # neither the model nor the tool was asked again
+
+
+async def test_closed_delivery_channel_is_neither_acked_nor_nacked(make_rig: MakeRig) -> None:
+    rig = make_rig()
+    rig.publisher.fail_with = ChannelInvalidStateError("connection lost")
+    delivery = start(request("t1"))
+    delivery.channel_closed = True
+
+    await rig.deliver(delivery)
+
+    assert delivery.settlements == 0  # the broker delivers it again
+    assert rig.publisher.published == []
+    assert rig.dead_letters.published == []

@@ -1,0 +1,381 @@
+"""``SessionSequencer`` over a ``MemoryStore``, without any transport: the actions it returns
+(``Step``, ``Reply``, ``Busy``, ``Drop``), the events it emits and what the session holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from contracts.events import TurnFinished
+from contracts.messages import ChatMessage, ToolCall
+from contracts.state import ModelResponse
+from contracts.tools import ToolContext, ToolDefinition
+from contracts.turns import InputMessage, TurnRequest, TurnResult
+from contracts.work import StepWork
+from worker.agents import AgentProfile, AgentProfiles
+from worker.loop import Hook, HookContext, Loop
+from worker.loop.ports import LoopObserver
+from worker.sequencer import Busy, Drop, Reply, SessionSequencer, Step
+from worker.session.leases import LeaseKeeper
+from worker.session.port import StepSession
+from worker.testing.broker import ScriptedAnswers
+from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog
+
+SESSION = "s1"
+REPLIES = "client.replies"
+LOOKUP = ToolDefinition(
+    name="lookup",
+    description="Look an order up.",
+    parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+)
+
+
+class RecordingHook(Hook):
+    """Records the turns it saw start and the results it saw end."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.ended: list[TurnResult] = []
+
+    async def before_execution(self, ctx: HookContext) -> None:
+        assert ctx.state.execution is not None
+        self.started.append(ctx.state.execution.turn_id)
+
+    async def after_execution(self, ctx: HookContext, result: TurnResult) -> None:
+        self.ended.append(result)
+
+
+class RecordingObserver(LoopObserver):
+    """Records the turns the loop reported started and finished."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.finished: list[TurnResult] = []
+
+    def turn_started(self, agent: str) -> None:
+        self.started.append(agent)
+
+    def turn_finished(self, result: TurnResult) -> None:
+        self.finished.append(result)
+
+
+async def lookup(args: dict[str, Any], ctx: ToolContext) -> Any:
+    return {"items": [f"order {args.get('q')}: shipped"]}
+
+
+@dataclasses.dataclass
+class Rig:
+    store: MemoryStore
+    model: ScriptedAnswers
+    tools: FunctionTools
+    events: ListSink
+    hook: RecordingHook
+    observer: RecordingObserver
+    sequencer: SessionSequencer
+
+    def script(self, *answers: ModelResponse | BaseException) -> None:
+        self.model.answers.extend(answers)
+
+    def event_types(self, turn_id: str) -> list[str]:
+        return [e.type for e in self.events.events if e.turn_id == turn_id]
+
+    async def lease_is_free(self) -> bool:
+        """Whether a worker could take the session now (taking and letting go of it)."""
+        session = await self.store.take(SESSION)
+        if session is None:
+            return False
+        await self.store.release(session)
+        return True
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    store = MemoryStore()
+    model = ScriptedAnswers()
+    tools = FunctionTools({"lookup": lookup})
+    events = ListSink()
+    hook = RecordingHook()
+    observer = RecordingObserver()
+
+    def loop_factory(session: StepSession, profile: AgentProfile) -> Loop:
+        return Loop(
+            model=model,
+            tools=tools,
+            catalog=StaticCatalog([LOOKUP]),
+            store=session,
+            events=events,
+            hooks=hook,
+            observer=observer,
+        )
+
+    sequencer = SessionSequencer(
+        store=store,
+        leases=LeaseKeeper(store),
+        profiles=AgentProfiles(agents=(AgentProfile(name="support"),)),
+        loop_factory=loop_factory,
+        events=events,
+    )
+    yield Rig(store, model, tools, events, hook, observer, sequencer)
+    model.assert_done()
+
+
+def request(turn_id: str = "t1", *, reply_to: str | None = REPLIES) -> TurnRequest:
+    return TurnRequest(
+        turn_id=turn_id,
+        session_id=SESSION,
+        agent="support",
+        input=(InputMessage(content="Where is order 42?"),),
+        reply_to=reply_to,
+    )
+
+
+def work(turn_id: str, index: int) -> StepWork:
+    return StepWork(session_id=SESSION, turn_id=turn_id, step=index)
+
+
+def kick(turn_id: str, index: int = 0) -> Step:
+    return Step(work(turn_id, index))
+
+
+def calls_lookup(content: str | None = None) -> ModelResponse:
+    call = ToolCall(id="call_1", name="lookup", arguments=json.dumps({"q": "42"}))
+    message = ChatMessage(role="assistant", content=content, tool_calls=(call,))
+    return ModelResponse(message=message, finish_reason="tool_calls")
+
+
+def answers(text: str) -> ModelResponse:
+    return ModelResponse(message=ChatMessage(role="assistant", content=text))
+
+
+def codes(actions: list[Any]) -> list[str]:
+    return [a.code for a in actions if isinstance(a, Drop)]
+
+
+# -- on_request -----------------------------------------------------------------------------
+
+
+async def test_request_to_an_idle_session_starts_its_turn(rig: Rig) -> None:
+    actions = await rig.sequencer.on_request(request("t1"))
+
+    assert actions == [kick("t1")]
+    assert rig.event_types("t1") == ["turn.accepted"]
+    assert rig.store.queues[SESSION] == ["t1"]
+
+
+async def test_request_behind_an_unfinished_turn_is_queued(rig: Rig) -> None:
+    await rig.sequencer.on_request(request("t1"))
+
+    actions = await rig.sequencer.on_request(request("t2"))
+
+    assert actions == []
+    assert rig.event_types("t2") == ["turn.accepted"]
+    assert rig.store.queues[SESSION] == ["t1", "t2"]
+
+
+async def test_duplicate_of_the_pending_head_kicks_step_zero_again(rig: Rig) -> None:
+    await rig.sequencer.on_request(request("t1"))
+
+    actions = await rig.sequencer.on_request(request("t1"))
+
+    assert actions == [kick("t1")]
+    first, second = (e for e in rig.events.events if e.turn_id == "t1")
+    assert first.type == second.type == "turn.accepted"
+    assert first.id == second.id  # announced again under the same id
+    assert rig.store.queues[SESSION] == ["t1"]  # not queued twice
+
+
+async def test_duplicate_of_a_queued_turn_is_dropped(rig: Rig) -> None:
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_request(request("t2"))
+
+    actions = await rig.sequencer.on_request(request("t2"))
+
+    assert codes(actions) == ["duplicate_request"]
+    assert len(actions) == 1
+    assert rig.store.queues[SESSION] == ["t1", "t2"]
+
+
+@pytest.mark.parametrize("reply_to", [REPLIES, None], ids=["reply-to", "no-reply-to"])
+async def test_duplicate_of_a_finished_turn_is_answered_with_its_result(
+    rig: Rig, reply_to: str | None
+) -> None:
+    rig.script(answers("Order 42 shipped yesterday."))
+    await rig.sequencer.on_request(request("t1", reply_to=reply_to))
+    await rig.sequencer.on_step(work("t1", 0))
+    result = rig.store.results["t1"]
+
+    actions = await rig.sequencer.on_request(request("t1", reply_to=reply_to))
+
+    replies = [Reply(reply_to, result)] if reply_to else []
+    assert actions[:-1] == replies
+    assert codes(actions) == ["duplicate_request"]
+    assert result.content == "Order 42 shipped yesterday."
+
+
+# -- on_step ----------------------------------------------------------------------------------
+
+
+async def test_step_while_another_worker_holds_the_lease_is_busy(rig: Rig) -> None:
+    await rig.sequencer.on_request(request("t1"))
+    other = await rig.store.take(SESSION)
+    assert other is not None
+
+    actions = await rig.sequencer.on_step(work("t1", 0))
+
+    assert actions == [Busy()]
+    assert rig.store.leases[SESSION][0] == other.token  # still the other worker's
+    assert rig.model.requests == []
+
+
+async def test_step_calling_a_tool_asks_for_the_next_step(rig: Rig) -> None:
+    rig.script(calls_lookup())
+    await rig.sequencer.on_request(request("t1"))
+
+    actions = await rig.sequencer.on_step(work("t1", 0))
+
+    assert actions == [kick("t1", 1)]
+    assert [c.tool for c in rig.tools.calls] == ["lookup"]
+    assert rig.hook.started == ["t1"]
+    assert rig.observer.started == ["support"]
+    assert await rig.lease_is_free()
+
+
+async def test_redelivered_saved_step_publishes_the_next_step_again(rig: Rig) -> None:
+    rig.script(calls_lookup())
+    await rig.sequencer.on_request(request("t1"))
+    assert await rig.sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
+
+    actions = await rig.sequencer.on_step(work("t1", 0))
+
+    assert actions == [kick("t1", 1)]
+    assert len(rig.model.requests) == 1  # neither the model
+    assert len(rig.tools.calls) == 1  # nor the tool was asked again
+    assert await rig.lease_is_free()
+
+
+async def test_stale_step_is_dropped(rig: Rig) -> None:
+    rig.script(calls_lookup())
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_step(work("t1", 0))
+
+    actions = await rig.sequencer.on_step(work("t1", 4))
+
+    assert codes(actions) == ["stale_step"]
+    assert len(actions) == 1
+    assert await rig.lease_is_free()
+
+
+async def test_last_step_replies_and_kicks_the_next_turn(rig: Rig) -> None:
+    rig.script(answers("Order 42 shipped yesterday."))
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_request(request("t2"))
+
+    actions = await rig.sequencer.on_step(work("t1", 0))
+
+    result = rig.store.results["t1"]
+    assert actions == [Reply(REPLIES, result), kick("t2")]
+    assert (result.finish_reason, result.content) == ("stop", "Order 42 shipped yesterday.")
+    assert rig.store.queues[SESSION] == ["t2"]
+    assert await rig.lease_is_free()
+
+
+async def test_redelivered_last_step_of_a_finished_turn_repeats_its_effects(rig: Rig) -> None:
+    rig.script(answers("Order 42 shipped yesterday."))
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_request(request("t2"))
+    await rig.sequencer.on_step(work("t1", 0))
+    result = rig.store.results["t1"]
+
+    actions = await rig.sequencer.on_step(work("t1", 0))
+
+    assert actions[:-1] == [Reply(REPLIES, result), kick("t2")]
+    assert codes(actions) == ["finished_turn"]
+    completed = [e for e in rig.events.events if e.type == "turn.completed"]
+    assert len(completed) == 2
+    assert completed[0].id == completed[1].id
+    assert all(isinstance(e.data, TurnFinished) and e.data.result == result for e in completed)
+    assert len(rig.model.requests) == 1
+    assert rig.observer.finished == [result]  # the turn ended once
+    assert await rig.lease_is_free()
+
+
+# -- fail_turn: the one path that ends a turn -------------------------------------------------------
+
+
+async def test_fail_turn_ends_a_running_turn_with_an_error(rig: Rig) -> None:
+    rig.script(calls_lookup(content="Let me look that up."))
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_request(request("t2"))
+    await rig.sequencer.on_step(work("t1", 0))
+
+    actions = await rig.sequencer.fail_turn(work("t1", 1), "step_failed", "step failed 5 times")
+
+    result = rig.store.results["t1"]
+    assert actions == [Reply(REPLIES, result), kick("t2")]
+    assert result.finish_reason == "error"
+    assert result.error is not None
+    assert (result.error.code, result.error.message) == ("step_failed", "step failed 5 times")
+    assert result.content == "Let me look that up."
+    assert result.steps == 1
+    assert rig.hook.started == ["t1"]
+    assert rig.hook.ended == [result]
+    assert rig.observer.finished == [result]
+    assert rig.event_types("t1")[-1] == "turn.failed"
+    assert rig.store.queues[SESSION] == ["t2"]
+    assert SESSION not in rig.store.leases
+    assert await rig.lease_is_free()
+
+
+async def test_fail_turn_ends_a_turn_that_never_started(rig: Rig) -> None:
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_request(request("t2"))
+
+    actions = await rig.sequencer.fail_turn(work("t1", 0), "poison", "delivered 19 times")
+
+    result = rig.store.results["t1"]
+    assert actions == [Reply(REPLIES, result), kick("t2")]
+    assert result.finish_reason == "error"
+    assert result.error is not None and result.error.code == "poison"
+    assert (result.content, result.steps) == (None, 0)
+    assert rig.hook.started == []  # it never started
+    assert rig.hook.ended == [result]
+    assert rig.observer.started == []
+    assert rig.observer.finished == [result]
+    assert rig.event_types("t1") == ["turn.accepted", "turn.failed"]
+    assert rig.store.queues[SESSION] == ["t2"]
+    assert SESSION not in rig.store.leases
+    assert await rig.lease_is_free()
+    assert rig.model.requests == []
+
+
+async def test_fail_turn_while_another_worker_holds_the_lease_is_busy(rig: Rig) -> None:
+    await rig.sequencer.on_request(request("t1"))
+    other = await rig.store.take(SESSION)
+    assert other is not None
+
+    actions = await rig.sequencer.fail_turn(work("t1", 0), "poison", "delivered 19 times")
+
+    assert actions == [Busy()]
+    assert "t1" not in rig.store.results
+    assert rig.store.leases[SESSION][0] == other.token
+
+
+async def test_fail_turn_of_a_finished_turn_changes_nothing(rig: Rig) -> None:
+    rig.script(answers("Shipped."))
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_step(work("t1", 0))
+    result = rig.store.results["t1"]
+
+    actions = await rig.sequencer.fail_turn(work("t1", 0), "poison", "delivered 19 times")
+
+    assert codes(actions) == ["missing_request"]
+    assert len(actions) == 1
+    assert rig.store.results["t1"] == result
+    assert rig.hook.ended == [result]
+    assert await rig.lease_is_free()
