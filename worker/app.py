@@ -168,7 +168,9 @@ class Worker:
                 profiles=self.profiles,
                 loop_factory=loop_factory,
                 events=sink,
-                deliver=redaction.deliver_for(self.profiles),
+                deliver=redaction.deliver_for(
+                    {p.name: p.redaction for p in self.profiles.agents if REDACT in p.hooks}
+                ),
             )
             consumer = Consumer(
                 work=work,

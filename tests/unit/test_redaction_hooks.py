@@ -336,7 +336,7 @@ async def test_a_turn_never_shows_the_model_a_value_and_tools_get_real_ones(
     # The result the loop stores and publishes keeps the placeholders; the publisher's copy
     # has them restored.
     assert second.result.content == "Your card «CARD_1» is on file for «EMAIL_1»."
-    delivered = await redaction.deliver_for(AgentProfiles(agents=(PROFILE,)))(second.result)
+    delivered = await redaction.deliver_for({PROFILE.name: PROFILE.redaction})(second.result)
     assert delivered.content == f"Your card {CARD} is on file for {EMAIL}."
     # The history keeps the user's words as sent and the tool results as redacted.
     stored = store.histories["s1"]
@@ -359,5 +359,8 @@ async def test_restore_answer_can_be_turned_off() -> None:
         duration_s=0.1,
         completed_at=1.0,
     )
-    assert (await redaction.publisher_copy(profile, result)).content == "sent to «EMAIL_1»"
-    assert (await redaction.publisher_copy(PROFILE, result)).content == f"sent to {EMAIL}"
+    assert (
+        await redaction.publisher_copy(profile.redaction, result)
+    ).content == "sent to «EMAIL_1»"
+    assert (await redaction.publisher_copy(None, result)).content == "sent to «EMAIL_1»"
+    assert (await redaction.publisher_copy(PROFILE.redaction, result)).content == f"sent to {EMAIL}"

@@ -2,17 +2,15 @@
 
 ``hooks(config)`` is called for every step and is cheap: the configuration's
 detector (compiled patterns and its cache of scanned texts) is built once.
-``deliver_for(profiles)`` is the publisher's side: the copy of a result sent to
+``deliver_for(configs)`` is the publisher's side: the copy of a result sent to
 the reply queue, with placeholders restored when the agent's profile asks for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from contracts.turns import TurnResult
-from worker.agents import AgentProfile, AgentProfiles
-from worker.redaction import REDACT
 from worker.redaction.config import RedactionConfig
 from worker.redaction.detectors import Detector
 from worker.redaction.hooks import RedactionHooks
@@ -48,22 +46,20 @@ class Redaction:
         """A fresh hook set for one step of an agent configured with ``config``."""
         return RedactionHooks(self.redactor(config))
 
-    async def publisher_copy(self, profile: AgentProfile | None, result: TurnResult) -> TurnResult:
-        """``result`` with the session's placeholders restored, if ``profile`` asks for it."""
-        if (
-            profile is None
-            or REDACT not in profile.hooks
-            or not profile.redaction.restore_answer
-            or not result.content
-        ):
+    async def publisher_copy(
+        self, config: RedactionConfig | None, result: TurnResult
+    ) -> TurnResult:
+        """``result`` with the session's placeholders restored, if ``config`` asks for it."""
+        if config is None or not config.restore_answer or not result.content:
             return result
-        restored = await self.redactor(profile.redaction).restore(result.session_id, result.content)
+        restored = await self.redactor(config).restore(result.session_id, result.content)
         return result.model_copy(update={"content": restored.value})
 
-    def deliver_for(self, profiles: AgentProfiles) -> Deliver:
-        """``SessionSequencer``'s ``deliver``: the publisher's copy of a result of any agent."""
+    def deliver_for(self, configs: Mapping[str, RedactionConfig]) -> Deliver:
+        """``SessionSequencer``'s ``deliver``: the publisher's copy of a result of any agent;
+        ``configs``: the configuration of each agent that enables the hook set, by name."""
 
         async def deliver(result: TurnResult) -> TurnResult:
-            return await self.publisher_copy(profiles.get(result.agent), result)
+            return await self.publisher_copy(configs.get(result.agent), result)
 
         return deliver
