@@ -152,7 +152,9 @@ class ToolServer:
             ttl_s=self.config.idempotency_ttl_s,
         )
         self._connection = await aio_pika.connect_robust(
-            self.settings.amqp_url, client_properties={"connection_name": self.instance_id}
+            self.settings.amqp_url,
+            client_properties={"connection_name": self.instance_id},
+            reconnect_interval=self.config.reconnect_interval_s,
         )
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=self.config.concurrency)

@@ -20,13 +20,18 @@ class ToolServiceSettings(BaseModel):
         default=16, ge=1, le=10_000, description="Tool calls executing at once (and prefetch)."
     )
     announce_interval_s: float = Field(
-        default=2.0, gt=0, le=300, description="How often the instance re-announces its tools."
+        default=5.0, gt=0, le=300, description="How often the instance re-announces its tools."
     )
     announce_ttl_s: float = Field(
-        default=6.0,
+        default=45.0,
         gt=0,
         le=3600,
-        description="An announcement not refreshed for this long is dead.",
+        description="An announcement not refreshed for this long is dead. An outage of Redis or "
+        "the broker shorter than announce_ttl_s - announce_interval_s removes no live tool; a "
+        "service that died without withdrawing stays offered this long.",
+    )
+    reconnect_interval_s: float = Field(
+        default=1.0, gt=0, le=60, description="Delay between AMQP reconnects (as the worker's)."
     )
     grace_s: float = Field(
         default=20.0, ge=0, le=3600, description="On SIGTERM, how long in-flight calls may finish."

@@ -213,8 +213,9 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("LOOPWIRE_REDIS_URL", "redis://elsewhere:6379/1")
     settings = Settings()
     assert (settings.tools.concurrency, settings.tools.grace_s) == (7, 3.5)
-    assert settings.tools.announce_interval_s == 2.0
-    assert settings.tools.announce_ttl_s == 6.0
+    assert settings.tools.announce_interval_s == 5.0
+    assert settings.tools.announce_ttl_s == 45.0
+    assert settings.tools.reconnect_interval_s == 1.0
     assert settings.tools.idempotency_ttl_s == 86_400
     assert settings.redis_url == "redis://elsewhere:6379/1"
 

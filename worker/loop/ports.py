@@ -58,6 +58,10 @@ class ToolCatalog(Protocol):
         """The tools that can be called right now."""
         ...
 
+    def last_known(self, name: str) -> ToolDefinition | None:
+        """The tool's definition as last seen, even when nothing offers it now."""
+        ...
+
 
 class EventSink(Protocol):
     async def emit(self, event: Event) -> None:

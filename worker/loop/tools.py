@@ -52,6 +52,7 @@ class Emit(Protocol):
         *,
         step: int | None = None,
         call_id: str = "",
+        at: float | None = None,
     ) -> Awaitable[None]: ...
 
 
@@ -121,7 +122,7 @@ class ToolRunner:
         async def run_one(call: ToolCall) -> None:
             nonlocal current, running
             ctx = HookContext(state=current, agent=agent, step=pending.index)
-            execution, updates, failed_as = await self._execute(ctx, call, offered)
+            execution, updates, failed_as = await self._execute(ctx, call, offered, catalog)
             observe(
                 self.observer.tool_executed,
                 call.name if call.name in offered or call.name in pending.offered else UNKNOWN_TOOL,
@@ -152,7 +153,11 @@ class ToolRunner:
         return ToolPhase(current, tuple(unsaved))
 
     async def _execute(
-        self, ctx: HookContext, call: ToolCall, offered: Mapping[str, ToolDefinition]
+        self,
+        ctx: HookContext,
+        call: ToolCall,
+        offered: Mapping[str, ToolDefinition],
+        catalog: ToolCatalog,
     ) -> tuple[ToolExecution, dict[str, Any], ToolCallOutcome | None]:
         """The call's execution, the state updates it returned, and how it failed when it got
         no reply (``timeout``, ``unavailable``, ``error``); None when it was answered."""
@@ -191,12 +196,14 @@ class ToolRunner:
             stopped = f"not run: the turn was stopped by {ex.stop_signal.source}"
             return await self._after(ctx, finish("blocked", error=stopped), ex), {}, None
         definition = offered.get(call.name)
+        pending = ex.pending
+        if definition is None and pending is not None and call.name in pending.offered:
+            # Offered when the model was called, not announced now: an outage may hide a live
+            # service, and the call may have run already. It is sent as it was (same
+            # idempotency key): a live service answers, from its stored reply if it ran; a gone
+            # one leaves it to time out, or the broker returns it at once when nothing is bound.
+            definition = catalog.last_known(call.name) or ToolDefinition(name=call.name)
         if definition is None:
-            pending = ex.pending
-            if pending is not None and call.name in pending.offered:
-                # offered when the model was called, but its service has gone since
-                gone = f"tool unavailable: no live service serves {call.name!r} now"
-                return await self._after(ctx, finish("error", error=gone), ex), {}, "unavailable"
             rejected = finish("error", error=f"unknown tool: {call.name!r}")
             return await self._after(ctx, rejected, ex), {}, None
         try:
@@ -264,6 +271,8 @@ class ToolRunner:
     ) -> ToolExecution:
         try:
             execution = await self.hooks.after_tool(ctx, execution)
+        except RetryableError:
+            raise  # e.g. the redaction table is out of reach: the step is redone, nothing is lost
         except Exception as exc:
             log.exception("after_tool hook failed for %s", execution.name)
             execution = execution.model_copy(
@@ -294,6 +303,7 @@ class ToolRunner:
             state,
             step=step,
             call_id=execution.call_id,
+            at=execution.completed_at,  # the saved record's time: a re-published event is the same
         )
 
 
@@ -334,15 +344,17 @@ def _record(
     pending = ex.pending
     assert pending is not None
     pending = pending.model_copy(update={"results": (*pending.results, execution)})
-    ex = ex.model_copy(
-        update={
-            "pending": pending,
-            "stop_signal": ex.stop_signal or ctx.stop_signal,
-            "updated_at": now,
-        }
-    )
-    changes: dict[str, Any] = {"execution": ex}
-    if updates:
-        context = state.context.model_copy(update={"kv": {**state.context.kv, **updates}})
-        changes["context"] = context
+    ex_changes: dict[str, Any] = {
+        "pending": pending,
+        "stop_signal": ex.stop_signal or ctx.stop_signal,
+        "updated_at": now,
+    }
+    changes: dict[str, Any] = {}
+    if updates and ex.request.persist:
+        changes["context"] = state.context.model_copy(
+            update={"kv": {**state.context.kv, **updates}}
+        )
+    elif updates:  # a turn that leaves the session as it was keeps its updates to itself
+        ex_changes["state_updates"] = {**ex.state_updates, **updates}
+    changes["execution"] = ex.model_copy(update=ex_changes)
     return state.model_copy(update=changes)

@@ -217,6 +217,9 @@ class StaticCatalog:
     async def available(self) -> Sequence[ToolDefinition]:
         return self.definitions
 
+    def last_known(self, name: str) -> ToolDefinition | None:
+        return next((d for d in self.definitions if d.name == name), None)
+
 
 class FunctionTools:
     """``ToolCaller`` that runs Python coroutines in this process (exceptions become errors)."""
