@@ -136,6 +136,11 @@ class ExecutionState(Contract):
     usage: Usage = Usage()
     empty_streak: int = 0
     last_content: str | None = None
+    state_updates: JsonObject = Field(
+        default_factory=dict,
+        description="State updates of a persist: false turn's tools: kept with the turn, never "
+        "merged into the session's key-value state.",
+    )
     started_at: float
     updated_at: float
     result: TurnResult | None = None

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from contracts.base import AgentName, Contract, JsonObject, SafeId
 from contracts.messages import ChatMessage, Usage
 
-FinishReason = Literal["stop", "max_iterations", "error", "cancelled"]
+FinishReason = Literal["stop", "length", "max_iterations", "error", "cancelled"]
 
 
 class LoopLimits(Contract):

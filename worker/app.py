@@ -164,7 +164,9 @@ class Worker:
 
             work = SessionSequencer(
                 store=store,
-                leases=LeaseKeeper(store),
+                leases=LeaseKeeper(
+                    store, lost=self.metrics.steps_abandoned.labels("lease_lost").inc
+                ),
                 profiles=self.profiles,
                 loop_factory=loop_factory,
                 events=sink,

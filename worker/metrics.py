@@ -173,6 +173,14 @@ class WorkerMetrics(LoopObserver):
             ["reason"],
             registry=r,
         )
+        self.steps_abandoned = Counter(
+            "loopwire_steps_abandoned",
+            "Steps this worker gave up because another worker took over the session: the "
+            "lease was found lost while renewing it (lease_lost), or a save lost its "
+            "compare-and-set (stale_state). Each is redone from the last save.",
+            ["reason"],
+            registry=r,
+        )
         self.retried = Counter(
             "loopwire_work_retried",
             "Work messages sent to the delay queue, by reason (busy, transient, failed).",

@@ -128,7 +128,7 @@ class SessionSequencer:
         session = await self.store.take(work.session_id)
         if session is None:
             return [Busy()]
-        self.leases.hold(session)
+        self.leases.hold(session, f"{work.turn_id}#{work.step}")
         try:
             return await self._run(session, work)
         finally:

@@ -49,16 +49,18 @@ async def test_a_lost_lease_is_logged_and_no_longer_renewed(
     redis: Redis, uid: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = RedisStore(redis, lease_ttl_s=TTL_S)
-    keeper = LeaseKeeper(store)
+    lost: list[int] = []
+    keeper = LeaseKeeper(store, lost=lambda: lost.append(1))
     handle = await take(store, f"s-{uid}")
-    keeper.hold(handle)
+    keeper.hold(handle, f"t-{uid}#2")
     await redis.delete(keys.session_lease(f"s-{uid}"))
     other = await take(store, f"s-{uid}")  # another worker's lease now
 
     with caplog.at_level(logging.WARNING, logger="loopwire.leases"):
         await asyncio.sleep(TTL_S * 2)
 
-    assert f"lost the lease of session s-{uid}" in caplog.text
+    assert f"lost the lease of session s-{uid} while running t-{uid}#2" in caplog.text
+    assert lost == [1], "counted once"
     assert handle not in keeper.held
     token = await redis.get(keys.session_lease(f"s-{uid}"))
     assert token is None or int(token) == other.token

@@ -312,7 +312,11 @@ async def test_metrics_change_as_expected_after_real_turns(
     )
     assert durations == pytest.approx(capped.duration_s + answered.duration_s + failed.duration_s)
     assert delta("loopwire_turn_steps_count", **support) == 3
-    assert delta("loopwire_turn_steps_sum", **support) == capped.steps + answered.steps == 3
+    # the failed turn counts the step whose model call failed
+    assert (
+        delta("loopwire_turn_steps_sum", **support) == capped.steps + answered.steps + failed.steps
+    )
+    assert failed.steps == 1
     assert delta("loopwire_step_duration_seconds_count", **support) == 3
     assert value(w1, "loopwire_steps_in_progress") == 0
     # model calls: duration, tokens by type, errors by type

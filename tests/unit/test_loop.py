@@ -23,10 +23,10 @@ from contracts.codec import encode_stored
 from contracts.events import StepCompleted, ToolInvoked, TurnFinished
 from contracts.messages import ChatMessage, Usage
 from contracts.state import AgentState, AgentStep, ModelResponse, ToolExecution
-from contracts.tools import ToolContext, ToolDefinition
+from contracts.tools import ToolCallReply, ToolContext, ToolDefinition
 from contracts.turns import InputMessage, LimitOverrides, LoopLimits, TurnRequest, TurnResult
 from worker.agents import AgentProfile
-from worker.errors import RetryableError, StaleStateError
+from worker.errors import RetryableError, StaleStateError, ToolUnavailableError
 from worker.loop import (
     Blocked,
     Finished,
@@ -1061,11 +1061,19 @@ async def test_model_error_emits_turn_failed(
 
     finished = await rig.loop.run_turn(None, turn(), profile())
 
-    assert rig.sink.types() == ["turn.started", "turn.failed"]
+    assert rig.sink.types() == ["turn.started", "step.completed", "turn.failed"]
+    completed = rig.sink.events[1].data
+    assert isinstance(completed, StepCompleted)
+    assert (completed.step_type, completed.finish_reason) == ("error", "error")
     data = rig.sink.events[-1].data
     assert isinstance(data, TurnFinished)
     assert data.result == finished.result
-    assert data.result.finish_reason == "error"
+    assert (data.result.finish_reason, data.result.steps) == ("error", 1)
+    ex = finished.state.execution
+    assert ex is None
+    # the failed step is recorded with its error, and its type says so
+    stored = rig.store.results["t1"]
+    assert stored.error is not None and "500" in stored.error.message
 
 
 async def test_event_ids_are_deterministic(
@@ -1141,7 +1149,7 @@ async def test_server_error_fails_the_turn(
     assert result.error.code == "model_http_500"
     assert "500" in result.error.message
     assert result.content == "looking it up"
-    assert result.steps == 1
+    assert result.steps == 2  # the step whose model call failed is recorded
     assert len(scripted_model.requests) == 2
     assert rig.sink.types()[-1] == "turn.failed"
     assert rig.store.results["t1"] == result
@@ -1174,7 +1182,7 @@ async def test_garbage_responses_are_retried_then_fail(
     assert result.error is not None
     assert result.error.code == "model_bad_response"
     assert len(scripted_model.requests) == 3
-    assert rig.sink.types() == ["turn.started", "turn.failed"]
+    assert rig.sink.types() == ["turn.started", "step.completed", "turn.failed"]
 
 
 @pytest.mark.parametrize("body", GARBAGE)
@@ -1424,19 +1432,42 @@ class VanishingCatalog(StaticCatalog):
         return self.definitions if self.asked == 1 else []
 
 
-async def test_tool_whose_service_left_is_unavailable_not_unknown(
+async def test_a_call_offered_to_the_model_is_sent_though_its_announcement_vanished(
     scripted_model: ScriptedModel, make_model: MakeModel
 ) -> None:
-    scripted_model.expect(Reply.tool_calls(call("lookup", "c1", q="x"), call("invented", "c2")))
+    """An outage can hide a live service's announcement, and the call may have run already:
+    it is sent as it was (its idempotency key), not answered from the catalog."""
+    scripted_model.expect(
+        Reply.tool_calls(call("lookup", "c1", result={"results": ["x"]}), call("invented", "c2"))
+    )
+    scripted_model.expect(Reply.text("Found x."))
+    rig = build(make_model(), {"lookup": echo})
+    rig.loop.catalog = VanishingCatalog([tool_def("lookup")])
+    quiet = profile(LoopLimits(empty_streak_after=0))
+    finished = await rig.loop.run_turn(None, turn(), quiet)
+    assert finished.result.content == "Found x."
+    assert json.loads(tool_content(scripted_model.requests[1], "c1")) == {"results": ["x"]}
+    assert error_of(tool_content(scripted_model.requests[1], "c2")) == "unknown tool: 'invented'"
+    assert [(c.call_id, c.context.idempotency_key) for c in rig.tools.calls] == [("c1", "t1:c1")]
+
+
+async def test_a_call_whose_tool_is_bound_nowhere_is_unavailable_not_unknown(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    class Unbound(FunctionTools):
+        async def call(self, request: Any, definition: ToolDefinition) -> Any:
+            raise ToolUnavailableError(
+                f"tool unavailable: no service is bound for {request.tool!r}"
+            )
+
+    scripted_model.expect(Reply.tool_calls(call("lookup", "c1", q="x")))
     scripted_model.expect(Reply.text("The lookup service is down."))
     rig = build(make_model(), {"lookup": echo})
     rig.loop.catalog = VanishingCatalog([tool_def("lookup")])
-    quiet = profile(LoopLimits(empty_streak_after=0))  # two errors would add the streak hint
-    finished = await rig.loop.run_turn(None, turn(), quiet)
+    rig.loop.tools.caller = Unbound({})
+    finished = await rig.loop.run_turn(None, turn(), profile())
     assert finished.result.content == "The lookup service is down."
     assert error_of(tool_content(scripted_model.requests[1], "c1")).startswith("tool unavailable:")
-    assert error_of(tool_content(scripted_model.requests[1], "c2")) == "unknown tool: 'invented'"
-    assert rig.tools.calls == []
 
 
 async def test_reused_tool_call_ids_are_made_unique_within_the_turn(
@@ -1534,3 +1565,66 @@ async def test_while_the_model_thinks_the_loop_holds_no_state_objects(
     assert finished.result.content == "done"
     assert held == [0]
     assert_transcript(rig.history())
+
+
+# -- answers cut short, step errors ----------------------------------------------------------
+
+
+async def test_an_answer_cut_short_by_the_token_limit_ends_with_length(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    scripted_model.expect(Reply.text("The order shipped on Mon", finish_reason="length"))
+    rig = build(make_model(), {"lookup": echo})
+
+    finished = await rig.loop.run_turn(None, turn(), profile())
+
+    assert (finished.result.finish_reason, finished.result.content) == (
+        "length",
+        "The order shipped on Mon",
+    )
+    assert rig.sink.types() == ["turn.started", "step.completed", "turn.completed"]
+    assert [m.content for m in rig.history()] == ["hello", "The order shipped on Mon"]
+
+
+async def test_a_step_records_its_tool_errors_and_is_typed_by_them(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    scripted_model.expect(Reply.tool_calls(call("lookup", "c1", fail="no such order")))
+    scripted_model.expect(Reply.tool_calls(call("lookup", "c2", result={"items": [1]})))
+    scripted_model.expect(Reply.text("done"))
+    rig = build(make_model(), {"lookup": echo})
+
+    await rig.loop.run_turn(None, turn(), profile())
+
+    completed = [e.data for e in rig.sink.events if isinstance(e.data, StepCompleted)]
+    assert [c.step_type for c in completed] == ["error", "tool_execution", "final_response"]
+    steps = [e for e in rig.sink.events if e.type == "step.completed"]
+    assert len(steps) == 3
+
+
+async def test_a_persist_false_turn_keeps_its_state_updates_to_itself(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    class Remembers:
+        async def call(self, request: Any, definition: ToolDefinition) -> Any:
+            return ToolCallReply(
+                call_id=request.call_id, status="ok", value="noted", state_updates={"tier": "gold"}
+            )
+
+    scripted_model.expect(Reply.text("Hi."))
+    scripted_model.expect(Reply.tool_calls(call("lookup", "k1")))
+    scripted_model.expect(Reply.text("noted for now"))
+    rig = build(make_model(), {"lookup": echo})
+    rig.loop.tools.caller = Remembers()
+    await rig.loop.run_turn(None, turn("hello"), profile())
+    state = await rig.store.load(SESSION)
+    assert state is not None
+
+    finished = await rig.loop.run_turn(state, turn("x", turn_id="t2", persist=False), profile())
+
+    after = await rig.store.load(SESSION)
+    assert finished.result.content == "noted for now"
+    assert after is not None
+    assert after.context.kv == state.context.kv == {}
+    assert after.execution_count == state.execution_count == 1
+    assert after.history_len == state.history_len

@@ -17,6 +17,7 @@ from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from worker.agents import AgentProfile, AgentProfiles
 from worker.app import hooks_for
+from worker.errors import RetryableError
 from worker.loop import Hooks, Loop
 from worker.model.adapter import OpenAIModel
 from worker.redaction.checks import card_valid, iban_valid, luhn_valid
@@ -364,3 +365,40 @@ async def test_restore_answer_can_be_turned_off() -> None:
     ).content == "sent to «EMAIL_1»"
     assert (await redaction.publisher_copy(None, result)).content == "sent to «EMAIL_1»"
     assert (await redaction.publisher_copy(PROFILE.redaction, result)).content == f"sent to {EMAIL}"
+
+
+async def test_a_redaction_table_out_of_reach_fails_the_step_for_a_retry(
+    scripted_model: ScriptedModel, model: OpenAIModel
+) -> None:
+    """The tool's real result is not withheld from the model: the step is redone later."""
+
+    class Away(MemoryVault):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down = False
+
+        async def assign(self, session_id: str, items: Any, ttl_s: int) -> list[str]:
+            if self.down:
+                raise RetryableError("the redaction table is out of reach")
+            return await super().assign(session_id, items, ttl_s)
+
+    vault = Away()
+    calls: list[dict[str, Any]] = []
+
+    async def crm(args: dict[str, Any], ctx: ToolContext) -> Any:
+        calls.append(args)
+        vault.down = True  # Redis goes away while the tool runs
+        return {"results": [{"email": EMAIL}]}
+
+    scripted_model.expect(Reply.tool_calls(("crm", {"q": "x"}, "c1")))
+    loop = Loop(
+        model=model,
+        tools=FunctionTools({"crm": crm}),
+        catalog=StaticCatalog([ToolDefinition(name="crm")]),
+        store=MemoryStore(),
+        events=ListSink(),
+        hooks=hooks_for(PROFILE, Redaction(vault, default_ttl_s=60)),
+    )
+    with pytest.raises(RetryableError):
+        await loop.run_turn(None, request("look it up", "t1"), PROFILE)
+    assert len(calls) == 1

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from contracts.codec import encode
 from contracts.events import TurnFinished
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse
@@ -299,6 +300,8 @@ async def test_redelivered_last_step_of_a_finished_turn_repeats_its_effects(rig:
     completed = [e for e in rig.events.events if e.type == "turn.completed"]
     assert len(completed) == 2
     assert completed[0].id == completed[1].id
+    assert encode(completed[0]) == encode(completed[1]), "published again, the same bytes"
+    assert completed[0].headers() == completed[1].headers()
     assert all(isinstance(e.data, TurnFinished) and e.data.result == result for e in completed)
     assert len(rig.model.requests) == 1
     assert rig.observer.finished == [result]  # the turn ended once

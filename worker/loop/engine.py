@@ -224,6 +224,7 @@ class Loop:
                 history_len=ex.history_start, max_tool_iterations=ex.limits.max_tool_iterations
             ),
             state,
+            at=ex.started_at,
         )
         observe(self.observer.turn_started, ex.request.agent)
         return state
@@ -234,10 +235,7 @@ class Loop:
             response = await call.answer
         except ModelError as exc:
             observe(self.observer.model_failed, call.model, exc.code, self.clock() - call.called)
-            state = call.parked.unpark()
-            log.warning("model call failed for turn %s: %s", turn_of(state).turn_id, exc)
-            error = TurnError(code=exc.code, message=str(exc)[:4000])
-            return await self.end(state, agent, "error", turn_of(state).last_content, error=error)
+            return await self._model_failed(call, agent, exc)
         observe(self.observer.model_called, call.model, response.usage, self.clock() - call.called)
         state = call.parked.unpark()
         ex = turn_of(state)
@@ -260,6 +258,19 @@ class Loop:
             stop_signal=ex.stop_signal or ctx.stop_signal,
         )
         return RunAgain(await self._save(state, append=[response.message]))
+
+    async def _model_failed(self, call: ModelCall, agent: AgentSpec, exc: ModelError) -> Finished:
+        """A model call that failed for good ends the turn with ``error``; the step is recorded
+        with its error (and announced, ``step.completed``)."""
+        state = call.parked.unpark()
+        ex = turn_of(state)
+        log.warning("model call failed for turn %s: %s", ex.turn_id, exc)
+        message = str(exc)[:4000]
+        step = AgentStep(index=call.index, input_count=call.input_count, errors=(message,))
+        record = StepExecution(step=step, started_at=call.started, completed_at=self.clock())
+        state = with_execution(state, steps=(*ex.steps, record), pending=None)
+        error = TurnError(code=exc.code, message=message)
+        return await self.end(state, agent, "error", ex.last_content, error=error, step=record)
 
     async def _complete_step(
         self, state: AgentState, agent: AgentSpec, unsaved: Sequence[ToolExecution] = ()
@@ -287,6 +298,9 @@ class Loop:
             output_messages=(response.message, *tool_messages),
             response=response,
             tool_executions=tuple(executions),
+            errors=tuple(
+                f"{e.name}: {e.error}" for e in executions if e.outcome in ("error", "unknown")
+            ),
         )
         ctx = HookContext(state=state, agent=agent, step=pending.index)
         await self.hooks.after_step(ctx, step)
@@ -299,8 +313,11 @@ class Loop:
         agent_name = ex.request.agent
         outcome: StepOutcome
         if not calls:
+            # an answer cut short by the model's token limit ends the turn with what it said,
+            # and says so: it is not mistaken for a whole answer
+            reason: FinishReason = "length" if response.finish_reason == "length" else "stop"
             outcome = await self.end(
-                state, agent, "stop", response.message.content, step=record, invoked=unsaved
+                state, agent, reason, response.message.content, step=record, invoked=unsaved
             )
         elif stop is not None:
             outcome = await self.end(
@@ -363,7 +380,9 @@ class Loop:
         observe(self.observer.turn_finished, result)
         if step is not None:
             await self._emit_step(state, step, invoked=invoked)
-        await self._emit(finish_event_type(reason), TurnFinished(result=result), state)
+        await self._emit(
+            finish_event_type(reason), TurnFinished(result=result), state, at=result.completed_at
+        )
         return Finished(saved, result)
 
     # -- helpers --------------------------------------------------------------
@@ -381,7 +400,7 @@ class Loop:
         """``tool.invoked`` for results the step's save stored, then ``step.completed``."""
         for execution in invoked:
             await self.tools.emit_invoked(state, record.step.index, execution)
-        await announce_step(self.events, self.clock(), state, record)
+        await announce_step(self.events, record.completed_at, state, record)
 
     async def _emit(
         self,
@@ -391,7 +410,9 @@ class Loop:
         *,
         step: int | None = None,
         call_id: str = "",
+        at: float | None = None,
     ) -> None:
-        await announce(
-            self.events, self.clock(), event_type, data, state, step=step, call_id=call_id
-        )
+        """Announce an event; ``at``: the time of the saved record it announces (so that one
+        published again after a redelivery is the same event), else now."""
+        now = self.clock() if at is None else at
+        await announce(self.events, now, event_type, data, state, step=step, call_id=call_id)

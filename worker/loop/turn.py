@@ -60,11 +60,14 @@ def turn_result(
 
 
 def closed(state: AgentState, *, appended: int, now: float) -> AgentState:
-    """The session once its turn is over: no turn attached, ``appended`` more history."""
+    """The session once its turn is over: no turn attached, ``appended`` more history. A
+    ``persist: false`` turn leaves the session as it found it: its count of turns too."""
+    ex = state.execution
+    counted = 0 if ex is not None and not ex.request.persist else 1
     return state.model_copy(
         update={
             "execution": None,
-            "execution_count": state.execution_count + 1,
+            "execution_count": state.execution_count + counted,
             "history_len": state.history_len + appended,
             "updated_at": now,
         }

@@ -17,13 +17,16 @@ placeholders never reach another session's values.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final, Protocol
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from contracts import keys
+from worker.errors import RetryableError
 
 Item = tuple[str, str, str]
 """``(label, identity, value)`` of a detected value."""
@@ -69,6 +72,9 @@ class Vault(Protocol):
 
 
 class RedisVault:
+    """``Vault`` in Redis. Redis out of reach is ``RetryableError``: the step is redone later,
+    the model is never called unredacted and a tool's result is never withheld for it."""
+
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self._assign = redis.register_script(_ASSIGN)
@@ -79,19 +85,30 @@ class RedisVault:
         args: list[str | int] = [ttl_s]
         for label, identity, value in items:
             args += [label, digest(label, identity), value]
-        reply = await self._assign(keys=[keys.redaction_map(session_id)], args=args)
+        with _retryable():
+            reply = await self._assign(keys=[keys.redaction_map(session_id)], args=args)
         return [_text(p) for p in reply]
 
     async def resolve(self, session_id: str, placeholders: Sequence[str]) -> dict[str, str]:
         if not placeholders:
             return {}
-        values = await self.redis.hmget(
-            keys.redaction_map(session_id), [f"p:{p}" for p in placeholders]
-        )
+        with _retryable():
+            values = await self.redis.hmget(
+                keys.redaction_map(session_id), [f"p:{p}" for p in placeholders]
+            )
         return {p: _text(v) for p, v in zip(placeholders, values, strict=True) if v is not None}
 
     async def touch(self, session_id: str, ttl_s: int) -> None:
-        await self.redis.expire(keys.redaction_map(session_id), ttl_s)
+        with _retryable():
+            await self.redis.expire(keys.redaction_map(session_id), ttl_s)
+
+
+@contextlib.contextmanager
+def _retryable() -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, ConnectionError, TimeoutError) as exc:
+        raise RetryableError(f"the redaction table is out of reach: {exc!r}") from exc
 
 
 class MemoryVault:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from worker.session.port import SessionStore, StepSession
 
@@ -23,10 +24,14 @@ log = logging.getLogger("loopwire.leases")
 
 
 class LeaseKeeper:
-    __slots__ = ("_renewals", "_timer", "held", "interval", "renewing", "store")
+    __slots__ = ("_renewals", "_timer", "held", "interval", "lost", "renewing", "steps", "store")
 
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: SessionStore, *, lost: Callable[[], None] = lambda: None) -> None:
         self.store = store
+        self.lost = lost
+        """Called when a lease is found lost (the worker counts it)."""
+        self.steps: dict[StepSession, str] = {}
+        """What each held lease is for (``<turn_id>#<step>``), for the log when it is lost."""
         self.interval = store.lease_ttl_s / 3
         """A lease held this long (a third of its TTL, in seconds) is due for renewal."""
         self.held: dict[StepSession, float] = {}
@@ -36,14 +41,16 @@ class LeaseKeeper:
         self._timer: asyncio.TimerHandle | None = None
         self._renewals: set[asyncio.Task[None]] = set()
 
-    def hold(self, handle: StepSession) -> None:
+    def hold(self, handle: StepSession, step: str = "") -> None:
         loop = asyncio.get_running_loop()
         self.held[handle] = loop.time()
+        self.steps[handle] = step
         if self._timer is None:
             self._timer = loop.call_later(self.interval / 2, self._tick)
 
     def drop(self, handle: StepSession) -> None:
         self.held.pop(handle, None)
+        self.steps.pop(handle, None)
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -76,5 +83,12 @@ class LeaseKeeper:
         if renewed:
             self.held[handle] = asyncio.get_running_loop().time()
         else:
-            log.warning("lost the lease of session %s", handle.session_id)
+            step = self.steps.get(handle) or "a step"
+            log.warning(
+                "lost the lease of session %s while running %s: another worker may take it "
+                "over; this worker's next save of it fails and the step is redone",
+                handle.session_id,
+                step,
+            )
             self.held.pop(handle, None)
+            self.lost()

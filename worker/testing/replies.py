@@ -25,6 +25,7 @@ class Reply:
 
     kind: _ReplyKind
     content: str | None = None
+    finish_reason: str | None = None
     calls: tuple[_ToolCall, ...] = ()
     usage: tuple[int, int] | None = None
     delay: float = 0.0
@@ -34,9 +35,21 @@ class Reply:
     body: bytes = b""
 
     @staticmethod
-    def text(content: str, *, usage: tuple[int, int] | None = None, delay: float = 0.0) -> Reply:
-        """A plain assistant message (finish_reason "stop")."""
-        return Reply(kind="completion", content=content, usage=usage, delay=delay)
+    def text(
+        content: str,
+        *,
+        usage: tuple[int, int] | None = None,
+        delay: float = 0.0,
+        finish_reason: str | None = None,
+    ) -> Reply:
+        """A plain assistant message (finish_reason "stop" unless given, e.g. "length")."""
+        return Reply(
+            kind="completion",
+            content=content,
+            usage=usage,
+            delay=delay,
+            finish_reason=finish_reason,
+        )
 
     @staticmethod
     def tool_calls(

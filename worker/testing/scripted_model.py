@@ -290,7 +290,8 @@ class ScriptedModel:
                 {
                     "index": 0,
                     "message": message,
-                    "finish_reason": "tool_calls" if reply.calls else "stop",
+                    "finish_reason": reply.finish_reason
+                    or ("tool_calls" if reply.calls else "stop"),
                     "logprobs": None,
                 }
             ],

@@ -44,7 +44,7 @@ from contracts.events import UNKNOWN, TurnRejected, make_event
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
 from worker import failpoints
-from worker.errors import PermanentError, RetryableError
+from worker.errors import PermanentError, RetryableError, StaleStateError
 from worker.loop import EventSink
 from worker.metrics import WorkerMetrics
 from worker.sequencer import Action, Busy, Drop, Reply, SessionSequencer, Step
@@ -158,6 +158,15 @@ class Consumer:
             return DeadLetter(str(exc), exc.code)
         except (AMQPError, ChannelInvalidStateError):
             raise  # the broker connection went down mid-step: redelivered once it is back
+        except StaleStateError as exc:
+            log.warning(
+                "abandoned work message %s: %s (another worker holds the session; the step is "
+                "redone from its last save)",
+                message.message_id,
+                exc,
+            )
+            self.metrics.steps_abandoned.labels("stale_state").inc()
+            return Retry("transient")
         except (RetryableError, RedisError, ConnectionError) as exc:
             log.warning("retrying work after a transient failure: %s", exc)
             return Retry("transient")
