@@ -37,8 +37,15 @@ from contracts.tools import (
 from contracts.topology import H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
 from tool_services.settings import Settings, ToolServiceSettings
 
-AMQP_URL = os.environ.get("LOOPWIRE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-REDIS_URL = os.environ.get("LOOPWIRE_REDIS_URL", "redis://127.0.0.1:6379/0")
+TEST_VHOST = "lw_test"
+"""The integration tests' own RabbitMQ vhost (created by their setup): they purge queues, so
+they never run in a vhost where loopwire may also run."""
+TEST_REDIS_DB = 2
+"""The integration tests' own Redis database (the benchmark uses 3)."""
+AMQP_URL = os.environ.get(
+    "LOOPWIRE_TEST_AMQP_URL", f"amqp://guest:guest@127.0.0.1:5672/{TEST_VHOST}"
+)
+REDIS_URL = os.environ.get("LOOPWIRE_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{TEST_REDIS_DB}")
 
 
 class RpcCaller:

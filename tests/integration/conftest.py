@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,14 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 from redis.asyncio import Redis
-from support_rpc import AMQP_URL, REDIS_URL, RpcCaller, drop_announcements, service_settings
+from support_rpc import (
+    AMQP_URL,
+    REDIS_URL,
+    TEST_VHOST,
+    RpcCaller,
+    drop_announcements,
+    service_settings,
+)
 
 from contracts.client import LoopwireClient
 from contracts.tools import ToolCallRequest
@@ -35,6 +43,24 @@ from tool_services.sdk import ToolService
 from tool_services.server import ToolServer
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_vhost() -> None:
+    """The suite's own vhost, created when missing (``rabbitmqctl``, as root or the broker's
+    user): the tests purge the turn queues, so they never share a vhost with a running
+    loopwire. ``LOOPWIRE_TEST_AMQP_URL`` names another broker or vhost, set up beforehand."""
+    if os.environ.get("LOOPWIRE_TEST_AMQP_URL") or shutil.which("rabbitmqctl") is None:
+        return
+    subprocess.run(
+        ["rabbitmqctl", "-q", "add_vhost", TEST_VHOST], capture_output=True, timeout=60
+    )  # exists already: fine
+    subprocess.run(
+        ["rabbitmqctl", "-q", "set_permissions", "-p", TEST_VHOST, "guest", ".*", ".*", ".*"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
 
 
 @pytest.fixture

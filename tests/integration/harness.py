@@ -23,6 +23,7 @@ import aiohttp
 from aio_pika.abc import AbstractIncomingMessage
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError
+from support_rpc import AMQP_URL, REDIS_URL  # the suite's own vhost and Redis database
 
 from contracts import keys
 from contracts import topology as t
@@ -31,8 +32,6 @@ from contracts.events import Event
 from contracts.tools import ToolAnnouncement, ToolCallReply, ToolCallRequest, ToolDefinition
 from worker.transport.topology import declare
 
-AMQP_URL = os.environ.get("LOOPWIRE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-REDIS_URL = os.environ.get("LOOPWIRE_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from contracts.client import LoopwireClient, TurnRejectedError, new_id
 from contracts.events import Event
-from harness import AMQP_URL, ROOT, CountingToolService, WorkerProcess, write_agents
+from harness import AMQP_URL, REDIS_URL, ROOT, CountingToolService, WorkerProcess, write_agents
 from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ async def live(
 
 
 async def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL}
+    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL, "LOOPWIRE_REDIS_URL": REDIS_URL}
     return await asyncio.to_thread(
         subprocess.run,
         [*LOOPWIRE, *args],
@@ -149,7 +149,7 @@ async def test_cli_unreachable_broker_is_one_line() -> None:
 
 
 async def test_cli_tail_prints_matching_events(live: WorkerProcess, client: LoopwireClient) -> None:
-    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL}
+    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL, "LOOPWIRE_REDIS_URL": REDIS_URL}
     tail = await asyncio.create_subprocess_exec(
         *LOOPWIRE,
         "tail",
@@ -225,7 +225,7 @@ async def test_cli_dlq_list_and_replay(
 
 
 async def test_demo_runs_end_to_end(topology: None) -> None:
-    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL}
+    env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL, "LOOPWIRE_REDIS_URL": REDIS_URL}
     env.pop("LOOPWIRE_MODEL__BASE_URL", None)
     out = await asyncio.to_thread(
         subprocess.run,
