@@ -23,6 +23,9 @@ from tool_services.sdk import CallContext, Tool
 
 log = logging.getLogger("loopwire.tool_services")
 
+STORE_PATIENCE_S = 30.0
+"""How long past a call's deadline its reply is still tried to be stored while Redis is away."""
+
 
 class OwnedCall:
     """One call whose claim this instance holds."""
@@ -73,30 +76,55 @@ class OwnedCall:
         keeper = asyncio.create_task(self._keep_lease(lease_refresh_s), name=f"lease:{claim.key}")
         started = time.monotonic()
         try:
-            with metrics.in_progress.labels(tool.name).track_inprogress():
-                reply, outcome = await execute_tool(tool, request, ctx, clock=clock)
-        except asyncio.CancelledError:
-            keeper.cancel()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(calls.release(claim, forget_owner=tool.idempotent))
-            raise
+            try:
+                with metrics.in_progress.labels(tool.name).track_inprogress():
+                    reply, outcome = await execute_tool(tool, request, ctx, clock=clock)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(calls.release(claim, forget_owner=tool.idempotent))
+                raise
+            elapsed = time.monotonic() - started
+            metrics.ran(tool.name, outcome, elapsed)
+            log.info(
+                "call %s of %s: %s in %.3fs", request.call_id, tool.name, reply.status, elapsed
+            )
+            body = encode_reply(reply)
+            earlier = await self._store(body, reply.status, clock)
         finally:
             keeper.cancel()
-        elapsed = time.monotonic() - started
-        metrics.ran(tool.name, outcome, elapsed)
-        log.info("call %s of %s: %s in %.3fs", request.call_id, tool.name, reply.status, elapsed)
-        body = encode_reply(reply)
-        try:
-            earlier = await calls.store(claim.key, body, reply.status, token=claim.token)
-        except Exception:
-            log.exception(
-                "could not store the reply of call %s; sending it anyway", request.call_id
-            )
-            return body
         if earlier is not None:
             log.warning("call %s already had a stored reply; sending that one", request.call_id)
             return readdressed(earlier, request.call_id)
         return body
+
+    async def _store(self, body: bytes, status: str, clock: Callable[[], float]) -> bytes | None:
+        """Store the reply, trying again while Redis is away (the call's lease is kept alive
+        meanwhile) until ``STORE_PATIENCE_S`` past the call's deadline: a reply that is not
+        stored would make the call look interrupted to a worker that sends it again, and a
+        non-idempotent call that ran would be answered ``unknown``. Then it is sent unstored.
+        Returns a reply stored earlier by another instance, if there was one."""
+        give_up = self.request.context.deadline + STORE_PATIENCE_S
+        delay = 0.1
+        while True:
+            try:
+                earlier = await self.calls.store(
+                    self.claim.key, body, status, token=self.claim.token
+                )
+                return earlier
+            except Exception as exc:
+                if clock() + delay > give_up:
+                    log.exception(
+                        "could not store the reply of call %s; sending it unstored",
+                        self.request.call_id,
+                    )
+                    return None
+                log.warning(
+                    "could not store the reply of call %s yet (%s); trying again",
+                    self.request.call_id,
+                    exc,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def _keep_lease(self, refresh_s: float) -> None:
         claim = self.claim

@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
+from redis.asyncio import Redis
+from support_rpc import AMQP_URL
 
 from contracts.client import LoopwireClient, new_id
 from contracts.tools import ToolCallRequest
@@ -24,6 +27,9 @@ from harness import (
     session_history,
     write_agents,
 )
+from tool_services.sdk import CallContext, ToolService
+from tool_services.server import ToolServer
+from tool_services.settings import Settings, ToolServiceSettings
 from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
@@ -327,3 +333,67 @@ async def test_broker_connection_drop_during_a_tool_call(
     assert result.content == "got it"
     assert sum(service.executions.values()) == 1  # re-sent with its key, answered from the store
     assert len(scripted_model.requests) == 2
+
+
+async def test_a_redis_pause_while_a_tool_runs_does_not_make_the_live_tool_look_dead(
+    scripted_model: ScriptedModel,
+    client: LoopwireClient,
+    tmp_path: Path,
+    private_redis: tuple[str, Any],
+) -> None:
+    """Redis away for 8 s while the tool service runs the call: the model gets the tool's real
+    result, is offered the tool again afterwards, and the tool ran once."""
+    url, _ = private_redis
+    paused = Redis.from_url(url)
+    name = f"pauser_{uuid.uuid4().hex[:8]}"
+    service = ToolService(name)
+    runs: list[str] = []
+
+    class Args(BaseModel):
+        q: str
+
+    async def pause_redis(args: Args, ctx: CallContext) -> dict[str, object]:
+        runs.append(ctx.turn_id)
+        await paused.execute_command("CLIENT", "PAUSE", "8000", "ALL")
+        return {"results": [f"found {args.q}"]}
+
+    service.add_tool(
+        pause_redis,
+        name=name,
+        description="looks up",
+        timeout_s=30,
+        idempotent=False,
+        args_model=Args,
+    )
+    server = ToolServer(
+        service, Settings(amqp_url=AMQP_URL, redis_url=url, tools=ToolServiceSettings())
+    )
+    await server.start()
+    scripted_model.expect(Reply.tool_calls((name, {"q": "order 7"})))
+    scripted_model.expect(Reply.tool_calls((name, {"q": "order 8"})))
+    scripted_model.expect(Reply.text("both found"))
+    agents = write_agents(tmp_path / "agents.json", [name])
+    worker = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=agents,
+        redis_url=url,
+        extra_env={"LOOPWIRE_REDIS_TIMEOUT_S": "1"},
+    )
+    await worker.start()
+    try:
+        handle = await client.start_turn("support", "find orders 7 and 8", session_id=new_id())
+        result = await handle.result(90)
+        await handle.close()
+    finally:
+        worker.close()
+        await server.stop()
+        await paused.aclose()
+    assert result.content == "both found"
+    second, third = scripted_model.requests[1], scripted_model.requests[2]
+    for request in (second, third):
+        assert [t["function"]["name"] for t in request.get("tools", [])] == [name], (
+            "the live tool is still offered"
+        )
+    results = [json.loads(m["content"]) for m in tool_messages(third)]
+    assert results == [{"results": ["found order 7"]}, {"results": ["found order 8"]}]
+    assert len(runs) == 2, "each call ran once"
