@@ -107,6 +107,9 @@ class SessionSequencer:
         accepted = await self.store.accept(request)
         if accepted.status == "done":
             assert accepted.result is not None
+            # announced again too (the same event, the same bytes), so the copy's publisher
+            # sees the turn end on the events exchange as well
+            await self._emit_finished(accepted.result)
             replies: list[Action] = []
             if request.reply_to:
                 replies.append(Reply(request.reply_to, await self.deliver(accepted.result)))
@@ -212,8 +215,10 @@ class SessionSequencer:
     ) -> list[Action]:
         """What follows a turn's end: the reply to its publisher, and the session's next turn."""
         actions: list[Action] = []
-        if request.reply_to:
-            actions.append(Reply(request.reply_to, await self.deliver(finished.result)))
+        replies = session.replies or ((request.reply_to,) if request.reply_to else ())
+        if replies:
+            delivered = await self.deliver(finished.result)
+            actions += [Reply(reply_to, delivered) for reply_to in replies]
         if session.next_turn is not None:
             actions.append(_first_step(request.session_id, session.next_turn))
         return actions
@@ -224,11 +229,12 @@ class SessionSequencer:
         result = await self.store.result(work.session_id, work.turn_id)
         if result is None or work.step < max(result.steps - 1, 0):
             return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
-        reply_to = await self.store.reply_to(work.session_id, work.turn_id)
+        replies = await self.store.reply_to(work.session_id, work.turn_id)
         await self._emit_finished(result)
         actions: list[Action] = []
-        if reply_to:
-            actions.append(Reply(reply_to, await self.deliver(result)))
+        if replies:
+            delivered = await self.deliver(result)
+            actions += [Reply(reply_to, delivered) for reply_to in replies]
         if head is not None and head != work.turn_id:
             actions.append(_first_step(work.session_id, head))
         return [*actions, Drop("finished turn: effects repeated", "finished_turn")]

@@ -241,3 +241,45 @@ async def test_demo_runs_end_to_end(topology: None) -> None:
     assert "tool.invoked" in out.stdout
     answer = next(line for line in out.stdout.splitlines() if line.startswith("answer: "))
     assert "17 * 23 = 391" in answer
+
+
+async def test_a_copy_published_while_the_turn_runs_gets_the_result_too(
+    client: LoopwireClient,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "7"}), delay=1.0))
+    scripted_model.expect(Reply.text("order 7 shipped"))
+    worker = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=write_agents(tmp_path / "a.json", [lookup.name]),
+    )
+    await worker.start()
+    try:
+        first = await client.start_turn("support", "where is order 7?")
+        await first.accepted(20)
+        copy = await client.start_turn(
+            "support",
+            "where is order 7?",
+            session_id=first.request.session_id,
+            turn_id=first.turn_id,
+        )
+        results = [await first.result(30), await copy.result(30)]
+        late = await client.start_turn(
+            "support",
+            "where is order 7?",
+            session_id=first.request.session_id,
+            turn_id=first.turn_id,
+        )
+        stored = await late.result(10)
+        late_events = [e.type async for e in late.events()]
+        for handle in (first, copy, late):
+            await handle.close()
+    finally:
+        worker.close()
+    assert [r.content for r in results] == ["order 7 shipped", "order 7 shipped"]
+    assert stored == results[0], "a copy of a finished turn is answered from the stored result"
+    assert late_events[-1] == "turn.completed", "and sees the turn end on the events exchange"
+    assert sum(lookup.executions.values()) == 1
+    assert worker.errors() == []

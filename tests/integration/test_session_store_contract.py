@@ -84,7 +84,7 @@ async def test_a_finished_turn_names_the_next_and_is_answered_from_its_result(
     assert session.next_turn == second.turn_id
     assert await store.head(f"s-{uid}") == second.turn_id
     assert await store.request(f"s-{uid}", first.turn_id) is None
-    assert await store.reply_to(f"s-{uid}", first.turn_id) == "replies-x"
+    assert await store.reply_to(f"s-{uid}", first.turn_id) == ("replies-x",)
     stored = await store.result(f"s-{uid}", first.turn_id)
     assert stored is not None and stored.content == "done"
     again = await store.accept(first)
@@ -168,3 +168,17 @@ async def test_a_persist_false_turn_leaves_the_history_as_it_was(
     assert read is not None and read.execution is None
     assert [m.content for m in await after.load_messages(read)] == ["question 1", "kept answer"]
     await store.release(after)
+
+
+async def test_a_copy_published_while_the_turn_runs_is_answered_too(
+    store: SessionStore, uid: str
+) -> None:
+    first = turn(uid, 1, reply_to="replies-a")
+    await store.accept(first)
+    for reply_to in ("replies-b", "replies-a", None):  # a copy; the first again; no reply wanted
+        copy = first.model_copy(update={"reply_to": reply_to})
+        assert (await store.accept(copy)).status == "pending"
+    session = await take(store, f"s-{uid}")
+    await finish(session, first)
+    assert session.replies == ("replies-a", "replies-b")
+    assert await store.reply_to(f"s-{uid}", first.turn_id) == ("replies-a", "replies-b")

@@ -45,6 +45,8 @@ class StepSession(StateStore, Protocol):
     """A save let go of the lease (``release``, or a result): the step wrote its last."""
     next_turn: str | None
     """After a save with a result: the session's next queued turn, if any."""
+    replies: tuple[str, ...]
+    """After a save with a result: every reply queue the turn's copies named, first first."""
 
     def take_state(self) -> AgentState | None:
         """The state read with the lease (``None`` for a new session), handed out once."""
@@ -76,6 +78,7 @@ class SessionStore(Protocol):
 
     async def result(self, session_id: str, turn_id: str) -> TurnResult | None: ...
 
-    async def reply_to(self, session_id: str, turn_id: str) -> str | None:
-        """Where the turn's publisher wanted its result (kept after the turn finished)."""
+    async def reply_to(self, session_id: str, turn_id: str) -> tuple[str, ...]:
+        """Every reply queue the turn's copies named (kept after the turn finished): a copy
+        published while the turn runs gets the result too."""
         ...

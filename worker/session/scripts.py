@@ -29,7 +29,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 
 return 0
 """
 
-# KEYS: lease state list result turns queue requests transient
+# KEYS: lease state list result turns queue requests transient replies
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
 #       n, msg...
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
@@ -44,7 +44,7 @@ if n > 0 then
   redis.call('RPUSH', KEYS[3], unpack(ARGV, 9, 8 + n))
   redis.call('EXPIRE', KEYS[3], ARGV[5])
 end
-local head = ''
+local head, replies = '', ''
 if ARGV[6] ~= '' then
   local ttl = tonumber(ARGV[5])
   redis.call('SET', KEYS[4], ARGV[6], 'EX', ttl)
@@ -53,18 +53,29 @@ if ARGV[6] ~= '' then
   redis.call('HDEL', KEYS[7], ARGV[7])
   redis.call('DEL', KEYS[8])
   head = redis.call('LINDEX', KEYS[6], 0) or ''
+  replies = redis.call('HGET', KEYS[9], ARGV[7]) or ''
   for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
   redis.call('EXPIRE', KEYS[7], ttl)
 end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-return {v + 1, head}
+return {v + 1, head, replies}
 """
 
 # KEYS: turns requests queue result replies ; ARGV: turn_id, request_blob, ttl_s, reply_to|''
+# The replies field of a turn lists every reply queue its copies named, space-separated (a
+# reply_to has no spaces): a copy published while the turn runs gets the result too.
 ACCEPT: Final = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued') == 0 then
   local res = redis.call('GET', KEYS[4])
   if res then return {'done', res} end
+  if ARGV[4] ~= '' then
+    local cur = redis.call('HGET', KEYS[5], ARGV[1])
+    if not cur then
+      redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
+    elseif not string.find(' ' .. cur .. ' ', ' ' .. ARGV[4] .. ' ', 1, true) then
+      redis.call('HSET', KEYS[5], ARGV[1], cur .. ' ' .. ARGV[4])
+    end
+  end
   return {'pending', ''}
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])

@@ -104,10 +104,9 @@ class RedisStore:
             return Accepted("queued", ahead=int(payload))
         return Accepted("start" if status == "start" else "pending")
 
-    async def reply_to(self, session_id: str, turn_id: str) -> str | None:
-        """Where the turn's publisher wanted its result (kept after the turn finished)."""
+    async def reply_to(self, session_id: str, turn_id: str) -> tuple[str, ...]:
         value = await self.redis.hget(keys.session_replies(session_id), turn_id)
-        return value.decode() if isinstance(value, bytes) else value
+        return tuple(_bytes(value).decode().split()) if value else ()
 
     async def take(self, session_id: str) -> SessionHandle | None:
         """Take the session's lease and load its state and history; ``None`` when another
@@ -204,6 +203,7 @@ class SessionHandle:
         "_stored",
         "next_turn",
         "released",
+        "replies",
         "session_id",
         "store",
         "token",
@@ -225,6 +225,7 @@ class SessionHandle:
         self._stored = stored if state is not None and _asks_model(state) else None
         self._history = history
         self.next_turn: str | None = None
+        self.replies: tuple[str, ...] = ()
         self.released = False
 
     def take_state(self) -> AgentState | None:
@@ -286,7 +287,7 @@ class SessionHandle:
         result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
         try:
             with self.store.timed("save"):
-                version, head = await self.store._save(
+                version, head, replies = await self.store._save(
                     keys=[
                         keys.session_lease(sid),
                         keys.session_state(sid),
@@ -296,6 +297,7 @@ class SessionHandle:
                         keys.session_queue(sid),
                         keys.session_requests(sid),
                         keys.turn_transient(sid, turn_id or "_"),
+                        keys.session_replies(sid),
                     ],
                     args=args,
                 )
@@ -310,6 +312,7 @@ class SessionHandle:
         if result is not None:
             head = head.decode() if isinstance(head, bytes) else head
             self.next_turn = head or None
+            self.replies = tuple(_bytes(replies).decode().split())
         saved = state.model_copy(update={"version": int(version)})
         # kept for the model call that follows a turn's first save; after any other save the
         # step waits on tools or is over, and the bytes would only be held longer

@@ -50,7 +50,7 @@ class MemoryStore:
         self.turns: dict[str, dict[str, str]] = {}
         self.requests: dict[str, dict[str, TurnRequest]] = {}
         self.queues: dict[str, list[str]] = {}
-        self.replies: dict[str, dict[str, str]] = {}
+        self.replies: dict[str, dict[str, list[str]]] = {}
         self.leases: dict[str, tuple[int, float]] = {}
         self.fences: dict[str, int] = {}
 
@@ -59,13 +59,18 @@ class MemoryStore:
     async def accept(self, request: TurnRequest) -> Accepted:
         s, t = request.session_id, request.turn_id
         turns = self.turns.setdefault(s, {})
+        replies = self.replies.setdefault(s, {}).setdefault(t, [])
         if t in turns:
             result = self.results.get(t)
-            return Accepted("done", result=result) if result else Accepted("pending")
+            if result:
+                return Accepted("done", result=result)
+            if request.reply_to and request.reply_to not in replies:
+                replies.append(request.reply_to)
+            return Accepted("pending")
         turns[t] = "queued"
         self.requests.setdefault(s, {})[t] = request
         if request.reply_to:
-            self.replies.setdefault(s, {})[t] = request.reply_to
+            replies.append(request.reply_to)
         queue = self.queues.setdefault(s, [])
         queue.append(t)
         return Accepted("start") if len(queue) == 1 else Accepted("queued", ahead=len(queue) - 1)
@@ -100,8 +105,8 @@ class MemoryStore:
         result = self.results.get(turn_id)
         return result if result is not None and result.session_id == session_id else None
 
-    async def reply_to(self, session_id: str, turn_id: str) -> str | None:
-        return self.replies.get(session_id, {}).get(turn_id)
+    async def reply_to(self, session_id: str, turn_id: str) -> tuple[str, ...]:
+        return tuple(self.replies.get(session_id, {}).get(turn_id, ()))
 
     # -- the loop's store, in this process (no lease) -------------------------------------
 
@@ -178,6 +183,7 @@ class MemorySession:
         self._state = state
         self.released = False
         self.next_turn: str | None = None
+        self.replies: tuple[str, ...] = ()
 
     def take_state(self) -> AgentState | None:
         state, self._state = self._state, None
@@ -202,6 +208,9 @@ class MemorySession:
         saved, head = self.store._write(state, append, result)
         if result is not None:
             self.next_turn = head
+            self.replies = tuple(
+                self.store.replies.get(self.session_id, {}).get(result.turn_id, ())
+            )
         if release or result is not None:
             await self.store.release(self)
             self.released = True
