@@ -55,5 +55,12 @@ class CliError(LoopwireError):
         self.code = code
 
 
+class NotReplayableError(CliError):
+    """A dead letter that replaying would not run again; it stays where it is (exit code 2)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=2)
+
+
 class FailpointError(LoopwireError):
     """Raised at an armed ``raise-<name>`` failpoint: stands for any unexpected error."""

@@ -283,3 +283,32 @@ async def test_a_copy_published_while_the_turn_runs_gets_the_result_too(
     assert late_events[-1] == "turn.completed", "and sees the turn end on the events exchange"
     assert sum(lookup.executions.values()) == 1
     assert worker.errors() == []
+
+
+async def test_cli_dlq_refuses_to_replay_a_dead_step_and_keeps_it(
+    client: LoopwireClient,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    tmp_path: Path,
+) -> None:
+    worker = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=write_agents(tmp_path / "a.json", [lookup.name]),
+        extra_env={"LOOPWIRE_FAILPOINTS": "raise-step_begin", "LOOPWIRE_MAX_STEP_ATTEMPTS": "1"},
+    )
+    await worker.start()
+    try:
+        result = await client.run_turn("support", "hello", timeout=30)
+    finally:
+        worker.close()
+    assert (result.finish_reason, result.error and result.error.code) == ("error", "step_failed")
+    listed = await cli("dlq", "list")
+    row = next(line for line in listed.stdout.splitlines() if result.turn_id in line)
+    dead_id = row.split()[0]
+
+    refused = await cli("dlq", "replay", dead_id)
+
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(f"error: not replayed: {dead_id} is step work of turn")
+    assert "publish the turn's request anew" in refused.stderr
+    assert dead_id in (await cli("dlq", "list")).stdout, "the letter stays"

@@ -22,6 +22,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from contracts import topology as t
 from contracts.codec import DecodeError, decode_obj
+from worker.errors import NotReplayableError
 
 H_DEAD_ID = t.H_DEAD_ID
 _DEAD_HEADERS = (
@@ -103,15 +104,26 @@ async def list_dead(amqp_url: str) -> list[DeadLetter]:
 
 
 async def replay(amqp_url: str, wanted: str) -> DeadLetter | None:
-    """Republish the dead letter ``wanted`` to the turn queue; ``None`` when there is no such id."""
+    """Republish the dead letter ``wanted`` to the turn queue; ``None`` when there is no such id.
+
+    A dead *step* is refused (``NotReplayableError``) and left where it is: the worker that
+    dead-lettered it ended its turn (``finish_reason: error``, a reply to the publisher), so
+    the step would find no turn to run and be dropped. To run that work again, publish the
+    turn's request anew, with a new turn id. A dead turn request (an unknown agent, say, since
+    added to the agents file) is replayed as it was."""
     connection = await aio_pika.connect(amqp_url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         taken = await _take_all(channel)
         found: DeadLetter | None = None
+        refused: DeadLetter | None = None
         for message in taken:
             if found is None and dead_id(message) == wanted:
                 found = describe(message)
+                if found.kind == t.KIND_STEP:
+                    await message.nack(requeue=True)
+                    refused = found
+                    continue
                 headers = {
                     k: v for k, v in (message.headers or {}).items() if k not in _DEAD_HEADERS
                 }
@@ -130,4 +142,11 @@ async def replay(amqp_url: str, wanted: str) -> DeadLetter | None:
                 await message.ack()
             else:
                 await message.nack(requeue=True)
+        if refused is not None:
+            raise NotReplayableError(
+                f"not replayed: {refused.id} is step work of turn {refused.turn_id or '-'} ({refused.code}): "
+                "the worker ended that turn with finish_reason error when it dead-lettered it, "
+                "so a replay would run nothing. To run the work again, publish the turn's "
+                "request anew with a new turn id. The letter stays in the dead-letter queue."
+            )
         return found
