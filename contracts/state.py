@@ -107,6 +107,13 @@ class PendingStep(Contract):
     offered: tuple[str, ...] = Field(
         default=(), description="Names of the tools the model was offered in this step."
     )
+    dispatches: int = Field(
+        default=1,
+        ge=1,
+        description="Rounds of sending the step's tool calls: 1 by the worker that saved the "
+        "model's answer, one more each time the tool phase is redone.",
+    )
+    dispatched_at: float = Field(default=0.0, description="When the latest round went out.")
 
     def result_for(self, call_id: str) -> ToolExecution | None:
         return next((r for r in self.results if r.call_id == call_id), None)

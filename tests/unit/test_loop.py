@@ -1628,3 +1628,33 @@ async def test_a_persist_false_turn_keeps_its_state_updates_to_itself(
     assert after.context.kv == state.context.kv == {}
     assert after.execution_count == state.execution_count == 1
     assert after.history_len == state.history_len
+
+
+async def test_tool_invoking_counts_the_rounds_a_call_was_really_sent_in(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    class LosesTheFirstReply(FunctionTools):
+        async def call(self, request: Any, definition: ToolDefinition) -> Any:
+            reply = await super().call(request, definition)
+            if len(self.calls) == 1:
+                raise RetryableError("the reply was lost with the broker connection")
+            return reply
+
+    scripted_model.expect(Reply.tool_calls(call("lookup", "c1", result={"results": [1]})))
+    scripted_model.expect(Reply.text("done"))
+    rig = build(make_model(), {"lookup": echo})
+    rig.loop.tools.caller = tools = LosesTheFirstReply({"lookup": echo})
+    agent = profile()
+    state = await rig.store.save(new_execution(None, turn(), agent, time.time()))
+    with pytest.raises(RetryableError):
+        await rig.loop.step(state, agent)  # the model's answer is saved, the call's reply lost
+    saved = await rig.store.load(SESSION)
+    assert saved is not None
+    redone = await rig.loop.step(saved, agent)
+    assert isinstance(redone, RunAgain)
+    invoking = [e for e in rig.sink.events if e.type == "tool.invoking"]
+    assert [(e.data.attempt, e.data.call_id) for e in invoking] == [(1, "c1"), (2, "c1")]  # type: ignore[union-attr]
+    assert invoking[0].id != invoking[1].id, "a real second dispatch is another event"
+    assert [c.context.idempotency_key for c in tools.calls] == ["t1:c1", "t1:c1"]
+    finished = await rig.loop.step(redone.state, agent)
+    assert isinstance(finished, Finished)

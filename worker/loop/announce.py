@@ -24,6 +24,7 @@ async def announce(
     *,
     step: int | None = None,
     call_id: str = "",
+    id_suffix: str = "",
 ) -> None:
     ex = state.execution
     turn_id = (
@@ -38,6 +39,7 @@ async def announce(
         session_id=state.session_id,
         step=step,
         call_id=call_id,
+        id_suffix=id_suffix,
     )
     try:
         await events.emit(event)

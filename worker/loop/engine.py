@@ -185,7 +185,7 @@ class Loop:
         if deadline is not None and self.clock() > deadline and ex.pending is None:
             return await self.end(state, agent, "cancelled", ex.last_content)
         if ex.pending is not None:
-            return RunAgain(state)
+            return RunAgain(await self._redispatch(state))
         index = len(ex.steps)
         ctx = HookContext(state=state, agent=agent, step=index)
         await self.hooks.before_step(ctx)
@@ -207,6 +207,20 @@ class Loop:
             called=self.clock(),
             stop=ctx.stop_signal,
         )
+
+    async def _redispatch(self, state: AgentState) -> AgentState:
+        """The tool phase is redone (the worker that saved the model's answer did not finish
+        it): the next round of dispatches is saved before any call goes out again, so that
+        ``tool.invoking`` counts real dispatches."""
+        pending = turn_of(state).pending
+        assert pending is not None and pending.response is not None
+        calls = pending.response.message.tool_calls
+        if all(pending.result_for(c.id) is not None for c in calls):
+            return state
+        again = pending.model_copy(
+            update={"dispatches": pending.dispatches + 1, "dispatched_at": self.clock()}
+        )
+        return await self._save(with_execution(state, pending=again))
 
     async def _start(self, state: AgentState, agent: AgentSpec) -> AgentState:
         ex = turn_of(state)
@@ -249,6 +263,7 @@ class Loop:
             input_count=call.input_count,
             response=response,
             offered=call.offered,
+            dispatched_at=self.clock(),
         )
         state = with_execution(
             state,
@@ -411,8 +426,18 @@ class Loop:
         step: int | None = None,
         call_id: str = "",
         at: float | None = None,
+        id_suffix: str = "",
     ) -> None:
         """Announce an event; ``at``: the time of the saved record it announces (so that one
         published again after a redelivery is the same event), else now."""
         now = self.clock() if at is None else at
-        await announce(self.events, now, event_type, data, state, step=step, call_id=call_id)
+        await announce(
+            self.events,
+            now,
+            event_type,
+            data,
+            state,
+            step=step,
+            call_id=call_id,
+            id_suffix=id_suffix,
+        )

@@ -53,6 +53,7 @@ class Emit(Protocol):
         step: int | None = None,
         call_id: str = "",
         at: float | None = None,
+        id_suffix: str = "",
     ) -> Awaitable[None]: ...
 
 
@@ -163,12 +164,18 @@ class ToolRunner:
         no reply (``timeout``, ``unavailable``, ``error``); None when it was answered."""
         started = self.clock()
         ex = turn_of(ctx.state)
+        round_ = ex.pending
+        attempt = round_.dispatches if round_ is not None else 1
+        # from the saved round: published again after a redelivery, it is the same event; a
+        # real second dispatch is another one (its own id)
         await self.emit(
             "tool.invoking",
-            ToolInvoking(tool=call.name, call_id=call.id),
+            ToolInvoking(tool=call.name, call_id=call.id, attempt=attempt),
             ctx.state,
             step=ctx.step,
             call_id=call.id,
+            at=round_.dispatched_at if round_ is not None and round_.dispatched_at else None,
+            id_suffix="" if attempt == 1 else f"#{attempt}",
         )
 
         def finish(
