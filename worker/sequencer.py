@@ -118,11 +118,11 @@ class SessionSequencer:
             # A duplicate of a turn not finished yet. The first delivery may have died between
             # accepting it and announcing or kicking it: announce again (same event id) and, if
             # it is the session's head, kick it again (a duplicate kick is dropped as stale).
-            await self._emit_accepted(request)
+            await self._emit_accepted(request, accepted.accepted_at)
             if await self.store.head(request.session_id) == request.turn_id:
                 return [_first_step(request.session_id, request.turn_id)]
             return [Drop("duplicate turn request: still queued or running", "duplicate_request")]
-        await self._emit_accepted(request)
+        await self._emit_accepted(request, accepted.accepted_at)
         if accepted.status == "start":
             return [_first_step(request.session_id, request.turn_id)]
         return []
@@ -253,12 +253,14 @@ class SessionSequencer:
         except Exception:
             log.exception("could not publish the end of turn %s", result.turn_id)
 
-    async def _emit_accepted(self, request: TurnRequest) -> None:
+    async def _emit_accepted(self, request: TurnRequest, at: float | None) -> None:
+        """``turn.accepted`` with the time the turn was first accepted (a copy's is the same
+        event)."""
         event = make_event(
             "turn.accepted",
             TurnAccepted(persist=request.persist, input_messages=len(request.input)),
             agent=request.agent,
-            time=self.clock(),
+            time=self.clock() if at is None else at,
             turn_id=request.turn_id,
             session_id=request.session_id,
         )

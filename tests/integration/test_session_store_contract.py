@@ -182,3 +182,15 @@ async def test_a_copy_published_while_the_turn_runs_is_answered_too(
     await finish(session, first)
     assert session.replies == ("replies-a", "replies-b")
     assert await store.reply_to(f"s-{uid}", first.turn_id) == ("replies-a", "replies-b")
+
+
+async def test_a_copy_of_a_turn_carries_the_time_the_first_was_accepted(
+    store: SessionStore, uid: str
+) -> None:
+    first = await store.accept(turn(uid, 1))
+    await asyncio.sleep(0.05)
+    copy = await store.accept(turn(uid, 1))
+    behind = await store.accept(turn(uid, 2))
+    assert first.accepted_at is not None
+    assert copy.accepted_at == first.accepted_at
+    assert behind.accepted_at is not None and behind.accepted_at > first.accepted_at

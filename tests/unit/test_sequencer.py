@@ -382,3 +382,11 @@ async def test_fail_turn_of_a_finished_turn_changes_nothing(rig: Rig) -> None:
     assert rig.store.results["t1"] == result
     assert rig.hook.ended == [result]
     assert await rig.lease_is_free()
+
+
+async def test_a_copy_of_a_turn_not_finished_is_announced_as_the_same_event(rig: Rig) -> None:
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_request(request("t1"))
+    accepted = [e for e in rig.events.events if e.type == "turn.accepted"]
+    assert len(accepted) == 2
+    assert encode(accepted[0]) == encode(accepted[1])

@@ -33,6 +33,8 @@ class Accepted:
     status: AcceptStatus
     result: TurnResult | None = None
     ahead: int = 0
+    accepted_at: float | None = None
+    """When the turn was first accepted (``turn.accepted`` carries it, for copies too)."""
 
 
 class StepSession(StateStore, Protocol):

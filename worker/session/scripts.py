@@ -61,13 +61,17 @@ if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies}
 """
 
-# KEYS: turns requests queue result replies ; ARGV: turn_id, request_blob, ttl_s, reply_to|''
+# KEYS: turns requests queue result replies
+# ARGV: turn_id, request_blob, ttl_s, reply_to|'', now
+# A turn's status is 'queued <accepted at>' until it is 'done': a copy of it is announced with
+# the time the first was accepted.
 # The replies field of a turn lists every reply queue its copies named, space-separated (a
 # reply_to has no spaces): a copy published while the turn runs gets the result too.
 ACCEPT: Final = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued') == 0 then
+if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued ' .. ARGV[5]) == 0 then
   local res = redis.call('GET', KEYS[4])
   if res then return {'done', res} end
+  local status = redis.call('HGET', KEYS[1], ARGV[1]) or ''
   if ARGV[4] ~= '' then
     local cur = redis.call('HGET', KEYS[5], ARGV[1])
     if not cur then
@@ -76,7 +80,7 @@ if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued') == 0 then
       redis.call('HSET', KEYS[5], ARGV[1], cur .. ' ' .. ARGV[4])
     end
   end
-  return {'pending', ''}
+  return {'pending', '', string.sub(status, 8)}
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 if ARGV[4] ~= '' then
@@ -85,6 +89,6 @@ if ARGV[4] ~= '' then
 end
 local len = redis.call('RPUSH', KEYS[3], ARGV[1])
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
-if len == 1 then return {'start', ''} end
-return {'queued', tostring(len - 1)}
+if len == 1 then return {'start', '', ARGV[5]} end
+return {'queued', tostring(len - 1), ARGV[5]}
 """

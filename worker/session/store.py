@@ -29,6 +29,7 @@ lease, model answer, step. Messages are decoded in one batch.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final, Literal
@@ -69,8 +70,10 @@ class RedisStore:
         ttl_s: int = DEFAULT_TTL_S,
         timed: Timed = _untimed,
         state_format: StateFormat = "json",
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.redis = redis
+        self.clock = clock
         self.timed = timed
         self.state_format = state_format
         """How states are written (both are read): ``json``, or ``msgpack`` as versions before
@@ -87,7 +90,8 @@ class RedisStore:
     async def accept(self, request: TurnRequest) -> Accepted:
         s, t = request.session_id, request.turn_id
         with self.timed("accept"):
-            status, payload = await self._accept(
+            now = repr(self.clock())
+            status, payload, *at = await self._accept(
                 keys=[
                     keys.session_turns(s),
                     keys.session_requests(s),
@@ -95,14 +99,15 @@ class RedisStore:
                     keys.turn_result(s, t),
                     keys.session_replies(s),
                 ],
-                args=[t, encode(request), self.ttl_s, request.reply_to or ""],
+                args=[t, encode(request), self.ttl_s, request.reply_to or "", now],
             )
         status = status.decode() if isinstance(status, bytes) else status
         if status == "done":
             return Accepted("done", result=decode(payload, TurnResult))
+        accepted_at = _time(at[0]) if at else None
         if status == "queued":
-            return Accepted("queued", ahead=int(payload))
-        return Accepted("start" if status == "start" else "pending")
+            return Accepted("queued", ahead=int(payload), accepted_at=accepted_at)
+        return Accepted("start" if status == "start" else "pending", accepted_at=accepted_at)
 
     async def reply_to(self, session_id: str, turn_id: str) -> tuple[str, ...]:
         value = await self.redis.hget(keys.session_replies(session_id), turn_id)
@@ -346,6 +351,14 @@ def _unpack(chunks: Sequence[bytes | str]) -> list[dict[str, Any]]:
         unpacker.feed(data)
         out.extend(unpacker)
     return out
+
+
+def _time(value: bytes | str) -> float | None:
+    """A time the accept script kept; ``None`` for a turn accepted by an earlier version."""
+    try:
+        return float(_bytes(value))
+    except ValueError:
+        return None
 
 
 def _bytes(value: bytes | str) -> bytes:

@@ -51,6 +51,7 @@ class MemoryStore:
         self.requests: dict[str, dict[str, TurnRequest]] = {}
         self.queues: dict[str, list[str]] = {}
         self.replies: dict[str, dict[str, list[str]]] = {}
+        self.accepted_at: dict[str, float] = {}
         self.leases: dict[str, tuple[int, float]] = {}
         self.fences: dict[str, int] = {}
 
@@ -66,14 +67,17 @@ class MemoryStore:
                 return Accepted("done", result=result)
             if request.reply_to and request.reply_to not in replies:
                 replies.append(request.reply_to)
-            return Accepted("pending")
+            return Accepted("pending", accepted_at=self.accepted_at.get(t))
         turns[t] = "queued"
+        now = self.accepted_at[t] = time.time()
         self.requests.setdefault(s, {})[t] = request
         if request.reply_to:
             replies.append(request.reply_to)
         queue = self.queues.setdefault(s, [])
         queue.append(t)
-        return Accepted("start") if len(queue) == 1 else Accepted("queued", ahead=len(queue) - 1)
+        if len(queue) == 1:
+            return Accepted("start", accepted_at=now)
+        return Accepted("queued", ahead=len(queue) - 1, accepted_at=now)
 
     async def take(self, session_id: str) -> MemorySession | None:
         held = self.leases.get(session_id)
