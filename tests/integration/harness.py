@@ -236,7 +236,11 @@ class CountingToolService:
             self.call_started.set()
             try:
                 value = await self.body(request)
-                reply = ToolCallReply(call_id=request.call_id, status="ok", value=value)
+                reply = (
+                    value.model_copy(update={"call_id": request.call_id})
+                    if isinstance(value, ToolCallReply)  # a body may answer in full
+                    else ToolCallReply(call_id=request.call_id, status="ok", value=value)
+                )
             except Exception as exc:
                 reply = ToolCallReply(call_id=request.call_id, status="error", error=str(exc))
             self.replies[key] = reply

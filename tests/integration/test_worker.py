@@ -9,11 +9,14 @@ from pathlib import Path
 
 import aio_pika
 import pytest
+from redis.asyncio import Redis
 
+from contracts import keys
 from contracts import topology as t
 from contracts.client import LoopwireClient, new_id
-from contracts.codec import encode, encode_obj
-from contracts.tools import ToolCallRequest
+from contracts.codec import encode, encode_obj, read_stored
+from contracts.state import AgentState
+from contracts.tools import ToolCallReply, ToolCallRequest
 from contracts.turns import InputMessage, TurnRequest
 from contracts.work import StepWork
 from harness import (
@@ -44,7 +47,7 @@ async def test_turn_with_tool_steps_end_to_end(
 ) -> None:
     scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refunds"})))
     scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "invoices"})))
-    scripted_model.expect(Reply.text("Refunds take 5 days."))
+    scripted_model.expect(Reply.text("Refunds take 5 days.", delay=0.3))
     async with start_worker(tmp_path, scripted_model, [lookup.name]) as worker:
         result = await client.run_turn("support", "How long do refunds take?", timeout=30)
     assert worker.errors() == []
@@ -67,7 +70,12 @@ async def test_turn_with_tool_steps_end_to_end(
         "turn.completed",
     ]
     invoked = [e for e in events.for_turn(result.turn_id) if e.type == "tool.invoked"]
-    assert all(e.data.outcome == "ok" and e.data.duration_s >= 0 for e in invoked)  # type: ignore[union-attr]
+    assert all(e.data.outcome == "ok" and e.data.duration_s > 0 for e in invoked)  # type: ignore[union-attr]
+    steps = [e.data for e in events.for_turn(result.turn_id) if e.type == "step.completed"]
+    # the last model call was held 0.3 s: the step's timings say so, and a step lasts at least
+    # its model call
+    assert steps[-1].model_duration_s >= 0.3  # type: ignore[union-attr]
+    assert all(s.duration_s >= s.model_duration_s > 0 for s in steps)  # type: ignore[union-attr]
     # the second model call saw the first tool's result with its call id
     second = scripted_model.requests[1]["messages"]
     tool_messages = [m for m in second if m["role"] == "tool"]
@@ -310,3 +318,42 @@ async def test_redelivered_last_step_repeats_the_reply_and_event(
     ]
     assert completed[0].id == completed[1].id  # the same event id: subscribers drop the duplicate
     assert len(scripted_model.requests) == 1
+
+
+async def test_state_updates_reach_the_session_and_a_persist_false_turn_leaves_it_as_it_was(
+    scripted_model: ScriptedModel, client: LoopwireClient, redis: Redis, tmp_path: Path
+) -> None:
+    async def body(request: ToolCallRequest) -> object:
+        tier = str(request.arguments.get("q"))
+        return ToolCallReply(call_id="x", status="ok", value="noted", state_updates={"tier": tier})
+
+    service = CountingToolService(f"tier_{uuid.uuid4().hex[:8]}", body)
+    await service.start()
+    for tier in ("gold", "silver"):
+        scripted_model.expect(Reply.tool_calls((service.name, {"q": tier})))
+        scripted_model.expect(Reply.text(f"you are {tier}"))
+    session = f"s-{uuid.uuid4().hex[:10]}"
+    try:
+        async with start_worker(tmp_path, scripted_model, [service.name]) as worker:
+            kept = await client.run_turn("support", "set gold", session_id=session, timeout=30)
+            before = await stored_state(redis, session)
+            transient = await client.run_turn(
+                "support", "try silver", session_id=session, persist=False, timeout=30
+            )
+            after = await stored_state(redis, session)
+    finally:
+        await service.stop()
+        for key in [k async for k in redis.scan_iter(match=f"lw:{{{session}}}:*")]:
+            await redis.delete(key)
+    assert worker.errors() == []
+    assert (kept.content, transient.content) == ("you are gold", "you are silver")
+    assert before.context.kv == {"tier": "gold"}, "a persisted turn's tool updates the session"
+    assert after.context.kv == {"tier": "gold"}, "a persist: false turn's do not"
+    assert after.execution_count == before.execution_count == 1
+    assert after.history_len == before.history_len == 4
+
+
+async def stored_state(redis: Redis, session: str) -> AgentState:
+    blob = await redis.hget(keys.session_state(session), "s")
+    assert blob is not None
+    return read_stored(blob, AgentState)

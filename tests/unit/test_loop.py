@@ -1045,7 +1045,8 @@ async def test_events_in_order(scripted_model: ScriptedModel, make_model: MakeMo
         ("tool_execution", 1, "tool_calls"),
         ("final_response", 0, "stop"),
     ]
-    assert all(d.duration_s >= 0 and d.model_duration_s >= 0 for d in steps)
+    # real timings: a step lasts at least its model call, which took time on the wire
+    assert all(d.duration_s >= d.model_duration_s > 0 for d in steps)
     last = events[-1].data
     assert isinstance(last, TurnFinished)
     assert last.result == finished.result
