@@ -4,6 +4,7 @@ the scripted model over HTTP, a counting tool service."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 
@@ -357,3 +358,44 @@ async def stored_state(redis: Redis, session: str) -> AgentState:
     blob = await redis.hget(keys.session_state(session), "s")
     assert blob is not None
     return read_stored(blob, AgentState)
+
+
+async def test_a_session_can_switch_agents_between_turns(
+    scripted_model: ScriptedModel,
+    client: LoopwireClient,
+    lookup: CountingToolService,
+    tmp_path: Path,
+) -> None:
+    """The second turn runs as its own agent: its tools and limits, the session's history."""
+    agents = tmp_path / "agents.json"
+    agents.write_text(
+        json.dumps(
+            {
+                "agents": [
+                    {"name": "support", "tools": [lookup.name]},
+                    {"name": "billing", "tools": [], "limits": {"max_tool_iterations": 1}},
+                ]
+            }
+        )
+    )
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "order"})))
+    scripted_model.expect(Reply.text("it shipped"))
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "invoice"})))
+    session = new_id()
+    worker = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    await worker.start()
+    try:
+        first = await client.run_turn("support", "where is it?", session_id=session, timeout=30)
+        second = await client.run_turn("billing", "and the bill?", session_id=session, timeout=30)
+    finally:
+        worker.close()
+    assert worker.errors() == []
+    assert (first.agent, first.content) == ("support", "it shipped")
+    billing = scripted_model.requests[2]
+    assert "tools" not in billing or billing["tools"] == [], "billing offers no tools"
+    assert [m["content"] for m in billing["messages"] if m["role"] == "user"] == [
+        "where is it?",
+        "and the bill?",
+    ]
+    assert (second.agent, second.finish_reason) == ("billing", "max_iterations")
+    assert sum(lookup.executions.values()) == 1, "billing's call to a tool it lacks did not run"
