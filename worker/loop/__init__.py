@@ -1,7 +1,8 @@
 """The agent loop: pure logic over small interfaces (model, tools, store, events, hooks)."""
 
-from worker.loop.engine import Finished, Loop, RunAgain, StepOutcome
+from worker.loop.engine import Loop
 from worker.loop.hooks import Blocked, Hook, HookContext, Hooks, ToolInvocation
+from worker.loop.outcomes import Finished, RunAgain, StepOutcome
 from worker.loop.ports import (
     EventSink,
     Model,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from contracts.events import (
     EventData,
@@ -39,22 +38,20 @@ from contracts.messages import ChatMessage
 from contracts.state import (
     AgentState,
     AgentStep,
-    ModelResponse,
     PendingStep,
     StepExecution,
-    StopSignal,
     ToolExecution,
 )
-from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
+from contracts.turns import FinishReason, TurnError, TurnRequest
 from worker.errors import ModelError
 from worker.loop.announce import announce, announce_step
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext
+from worker.loop.outcomes import Finished, ModelCall, RunAgain, StepOutcome, Phase
 from worker.loop.ports import (
     EventSink,
     LoopObserver,
     Model,
-    Parked,
     StateStore,
     ToolCaller,
     ToolCatalog,
@@ -73,45 +70,6 @@ from worker.loop.turn import (
 )
 
 log = logging.getLogger("loopwire.loop")
-
-
-@dataclass(frozen=True, slots=True)
-class RunAgain:
-    """The turn goes on: run the next step."""
-
-    state: AgentState
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """The turn is over."""
-
-    state: AgentState
-    result: TurnResult
-
-
-StepOutcome = RunAgain | Finished
-
-
-@dataclass(frozen=True, slots=True)
-class ModelCall:
-    """A step waiting for the model: the state parked by the store, the answer to come, and
-    what the step records of the call."""
-
-    parked: Parked
-    answer: Awaitable[ModelResponse]
-    model: str | None
-    index: int
-    input_count: int
-    offered: tuple[str, ...]
-    started: float
-    called: float
-    stop: StopSignal | None
-
-
-_Phase = RunAgain | Finished | ModelCall
-"""Where the phase before the model call leaves a step: the tools are next (``RunAgain``), the
-turn is over, or the model has been asked."""
 
 
 class Loop:
@@ -161,7 +119,7 @@ class Loop:
                 return outcome
             current = outcome.state
 
-    async def _step(self, ready: Awaitable[_Phase], agent: AgentSpec) -> StepOutcome:
+    async def _step(self, ready: Awaitable[Phase], agent: AgentSpec) -> StepOutcome:
         phase = await ready
         if isinstance(phase, ModelCall):
             phase = await self._after_model(phase, agent)
@@ -172,7 +130,7 @@ class Loop:
 
     # -- phases ---------------------------------------------------------------
 
-    async def _before_model(self, state: AgentState, agent: AgentSpec) -> _Phase:
+    async def _before_model(self, state: AgentState, agent: AgentSpec) -> Phase:
         """Start the turn (first step), check its deadline, and send the model its request; or,
         when the model's answer is saved already, go straight to the tools."""
         ex = turn_of(state)

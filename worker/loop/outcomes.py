@@ -1,0 +1,50 @@
+"""Where a step leaves a turn: the closed union the loop returns (``RunAgain`` or
+``Finished``), and the step waiting for the model between its two phases (``ModelCall``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from contracts.state import AgentState, ModelResponse, StopSignal
+from contracts.turns import TurnResult
+from worker.loop.ports import Parked
+
+
+@dataclass(frozen=True, slots=True)
+class RunAgain:
+    """The turn goes on: run the next step."""
+
+    state: AgentState
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The turn is over."""
+
+    state: AgentState
+    result: TurnResult
+
+
+StepOutcome = RunAgain | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """A step waiting for the model: the state parked by the store, the answer to come, and
+    what the step records of the call."""
+
+    parked: Parked
+    answer: Awaitable[ModelResponse]
+    model: str | None
+    index: int
+    input_count: int
+    offered: tuple[str, ...]
+    started: float
+    called: float
+    stop: StopSignal | None
+
+
+Phase = RunAgain | Finished | ModelCall
+"""Where the phase before the model call leaves a step: the tools are next (``RunAgain``), the
+turn is over, or the model has been asked."""
