@@ -47,7 +47,7 @@ from worker.errors import ModelError
 from worker.loop.announce import announce, announce_step
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext
-from worker.loop.outcomes import Finished, ModelCall, RunAgain, StepOutcome, Phase
+from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome
 from worker.loop.ports import (
     EventSink,
     LoopObserver,
