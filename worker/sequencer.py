@@ -196,7 +196,9 @@ class SessionSequencer:
                 return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
             request = ex.request if ex else await self.store.request(work.session_id, work.turn_id)
             if request is None:
-                return [Drop(f"turn {work.turn_id} is not waiting to run", "missing_request")]
+                # ended already (this very call, before a failure sent the message back):
+                # what follows the end goes out again, or nothing was ever accepted
+                return await self._already_done(work, await self.store.head(work.session_id))
             # the agent may be gone from the profiles (that may be why the step fails)
             profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
             if state is None or ex is None:

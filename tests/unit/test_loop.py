@@ -1659,3 +1659,18 @@ async def test_tool_invoking_counts_the_rounds_a_call_was_really_sent_in(
     assert [c.context.idempotency_key for c in tools.calls] == ["t1:c1", "t1:c1"]
     finished = await rig.loop.step(redone.state, agent)
     assert isinstance(finished, Finished)
+
+
+async def test_a_turn_ending_with_an_error_ends_even_when_an_after_execution_hook_fails(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    class Fails(Hook):
+        async def after_execution(self, ctx: HookContext, result: TurnResult) -> None:
+            raise RuntimeError("the hook's own store is down")
+
+    scripted_model.expect(Reply.error(500, "boom"))
+    rig = build(make_model(max_retries=0), {"lookup": echo}, hooks=Fails())
+    finished = await rig.loop.run_turn(None, turn(), profile())
+    assert finished.result.finish_reason == "error"
+    assert rig.store.results["t1"] == finished.result
+    assert rig.sink.types()[-1] == "turn.failed"

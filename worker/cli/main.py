@@ -93,9 +93,9 @@ def _run(args: argparse.Namespace) -> int:
 
         return worker_main()
     if args.command == "tools":
-        from tool_services.runner import serve
-
-        return serve(args.name)
+        # tool services are their own program (worker and tool_services never import each
+        # other): this process becomes it, keeping its pid and signals
+        os.execv(sys.executable, [sys.executable, "-m", "tool_services", args.name])
     if args.command == "turn":
         from worker.cli.turns import run_turn_command
 

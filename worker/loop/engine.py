@@ -344,9 +344,15 @@ class Loop:
         ex = turn_of(state)
         now = self.clock()
         result = turn_result(state, reason, content, error, now)
-        await self.hooks.after_execution(
-            HookContext(state=state, agent=agent, step=len(ex.steps)), result
-        )
+        try:
+            await self.hooks.after_execution(
+                HookContext(state=state, agent=agent, step=len(ex.steps)), result
+            )
+        except Exception:
+            if reason != "error":
+                raise  # the step is redone
+            # a turn ending with an error ends even when a hook fails (it may be why)
+            log.exception("after_execution hook failed for turn %s", ex.turn_id)
         persist = ex.request.persist
         final = closed(state, appended=len(append) if persist else 0, now=now)
         saved = await self.store.save(final, append=append if persist else (), result=result)

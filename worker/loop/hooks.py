@@ -69,8 +69,8 @@ class Hook:
     async def prepare_messages(
         self, ctx: HookContext, messages: list[ChatMessage]
     ) -> list[ChatMessage]:
-        """Rewrite what the model will see (redaction). Runs again, on the same messages, when
-        the model adapter retries the request: give the same answer for the same input."""
+        """Rewrite what the model will see (redaction). A step redone after a crash runs it
+        again on the same messages: give the same answer for the same input."""
         return messages
 
     async def after_model(self, ctx: HookContext, response: ModelResponse) -> ModelResponse:

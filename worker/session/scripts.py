@@ -56,6 +56,7 @@ if ARGV[6] ~= '' then
   replies = redis.call('HGET', KEYS[9], ARGV[7]) or ''
   for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
   redis.call('EXPIRE', KEYS[7], ttl)
+  redis.call('EXPIRE', KEYS[9], ttl)
 end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies}
@@ -79,6 +80,7 @@ if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued ' .. ARGV[5]) == 0 then
     elseif not string.find(' ' .. cur .. ' ', ' ' .. ARGV[4] .. ' ', 1, true) then
       redis.call('HSET', KEYS[5], ARGV[1], cur .. ' ' .. ARGV[4])
     end
+    redis.call('EXPIRE', KEYS[5], ARGV[3])
   end
   return {'pending', '', string.sub(status, 8)}
 end

@@ -13,9 +13,10 @@ Layout (keys from ``contracts.keys``, all under the session's hash tag):
   status of every turn it accepted, the requests of turns not yet started;
 - ``turn:<id>:result``: the stored ``TurnResult``.
 
-Every key of a session lives as long as the session (``ttl_s``), renewed when a turn ends; a
-``persist: false`` turn's message list gets the same expiry when written and is deleted when
-the turn ends.
+Every key of a session expires (``ttl_s``): the state, history, turns, requests and replies
+are renewed when a turn ends, the queue and replies when a turn is accepted (the queue is gone
+once empty); a ``persist: false`` turn's message list gets the same expiry when written and is
+deleted when the turn ends.
 
 Every write is one Lua script that first checks the caller still holds the
 lease (its token) and that the state's version is the one it loaded, so a

@@ -263,11 +263,13 @@ class Consumer:
         if step is not None:
             try:
                 ended = await self._perform(await self.work.fail_turn(step, letter.code, reason))
+            except (AMQPError, ChannelInvalidStateError):
+                raise  # the broker went down: the delivery is given back and judged again
             except (RetryableError, RedisError, ConnectionError) as exc:
                 log.warning("could not end the turn of a dead step now, retrying: %s", exc)
                 return Retry("transient")
             except Exception:
-                # the letter still goes out with its reason: it can be replayed once mended
+                # a defect: the letter still goes out with its reason, and the log says why
                 log.exception("could not end the turn of a dead step %s", step.turn_id)
                 ended = Ack()
             if isinstance(ended, Retry):

@@ -125,7 +125,7 @@ class ToolRPC:
                 failpoints.hit("tool_dispatched")
                 return await future
         finally:
-            del self.futures[number]
+            self.futures.pop(number)
             _forget(self._by_key, key, number)
             _forget(self._by_correlation, request.call_id, number)
 
@@ -155,4 +155,4 @@ def _forget(index: dict[str, set[int]], name: str, number: int) -> None:
     if numbers is not None:
         numbers.discard(number)
         if not numbers:
-            del index[name]
+            index.pop(name)
