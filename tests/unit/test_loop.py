@@ -24,7 +24,14 @@ from contracts.events import StepCompleted, ToolInvoked, TurnFinished
 from contracts.messages import ChatMessage, Usage
 from contracts.state import AgentState, AgentStep, ModelResponse, ToolExecution
 from contracts.tools import ToolCallReply, ToolContext, ToolDefinition
-from contracts.turns import InputMessage, LimitOverrides, LoopLimits, TurnRequest, TurnResult
+from contracts.turns import (
+    InputMessage,
+    LimitOverrides,
+    LoopLimits,
+    TurnError,
+    TurnRequest,
+    TurnResult,
+)
 from worker.agents import AgentProfile
 from worker.errors import RetryableError, StaleStateError, ToolUnavailableError
 from worker.loop import (
@@ -1674,3 +1681,32 @@ async def test_a_turn_ending_with_an_error_ends_even_when_an_after_execution_hoo
     assert finished.result.finish_reason == "error"
     assert rig.store.results["t1"] == finished.result
     assert rig.sink.types()[-1] == "turn.failed"
+
+
+async def test_a_turn_ended_while_its_tool_calls_were_out_keeps_the_history_well_formed(
+    scripted_model: ScriptedModel, make_model: MakeModel
+) -> None:
+    class Lost(FunctionTools):
+        async def call(self, request: Any, definition: ToolDefinition) -> Any:
+            if request.call_id == "c2":
+                raise RetryableError("the reply was lost")
+            return await super().call(request, definition)
+
+    scripted_model.expect(
+        Reply.tool_calls(call("lookup", "c1", result={"results": [1]}), call("lookup", "c2"))
+    )
+    rig = build(make_model(), {"lookup": echo})
+    rig.loop.tools.caller = Lost({"lookup": echo})
+    agent = profile()
+    state = await rig.store.save(new_execution(None, turn(), agent, time.time()))
+    with pytest.raises(RetryableError):
+        await rig.loop.step(state, agent)  # c1's result saved, c2 out when the step failed
+    saved = await rig.store.load(SESSION)
+    assert saved is not None
+    error = TurnError(code="step_failed", message="it keeps failing")
+    finished = await rig.loop.end(saved, agent, "error", None, error=error)
+    assert finished.result.finish_reason == "error"
+    assert_transcript(rig.history())
+    tools = {m.tool_call_id: m.content for m in rig.history() if m.role == "tool"}
+    assert json.loads(tools["c1"]) == {"results": [1]}
+    assert json.loads(tools["c2"]) == {"error": "not run: the turn ended (error)"}

@@ -65,6 +65,7 @@ from worker.loop.turn import (
     new_execution,
     turn_of,
     turn_result,
+    unanswered,
     with_appended,
     with_execution,
 )
@@ -340,8 +341,13 @@ class Loop:
         succeed (the worker ends it with ``error``). ``after_execution`` hooks run, the observer
         hears of it, the result is stored with the closed session (the store drops the turn's
         transient messages and lets go of the session, naming its next turn), then the events:
-        ``step.completed`` for the step that ended it, if any, and the turn's end."""
+        ``step.completed`` for the step that ended it, if any, and the turn's end. A turn ended
+        while its step's tool calls were out gets a tool message for each of them in the history
+        (the saved result, or an error saying it was not run), so that the conversation the
+        model sees next stays well-formed."""
         ex = turn_of(state)
+        if ex.pending is not None:  # ended mid-step: no call in the history without its result
+            append = (*append, *unanswered(ex.pending, reason))
         now = self.clock()
         result = turn_result(state, reason, content, error, now)
         try:

@@ -3,9 +3,11 @@ result of a finished one, and the session once it is over."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from contracts.state import AgentState, ExecutionState, SessionContext, StopSignal
+from contracts.messages import ChatMessage
+from contracts.state import AgentState, ExecutionState, PendingStep, SessionContext, StopSignal
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from worker.loop.spec import AgentSpec
 
@@ -97,3 +99,21 @@ def with_appended(state: AgentState, appended: int, now: float) -> AgentState:
             update["history_len"] = state.history_len + appended
     update["execution"] = ex.model_copy(update=changes)
     return state.model_copy(update=update)
+
+
+def unanswered(pending: PendingStep, reason: str) -> list[ChatMessage]:
+    """The tool messages of a step ended before it recorded its tool results: each call's saved
+    result, or an error for one that got none."""
+    response = pending.response
+    if response is None:
+        return []
+    messages = []
+    for call in response.message.tool_calls:
+        saved = pending.result_for(call.id)
+        content = (
+            saved.content
+            if saved is not None
+            else json.dumps({"error": f"not run: the turn ended ({reason})"})
+        )
+        messages.append(ChatMessage.tool(call.id, content))
+    return messages
