@@ -63,6 +63,7 @@ from worker.loop.tools import ToolRunner, unique_call_ids
 from worker.loop.turn import (
     closed,
     new_execution,
+    recorded_step,
     turn_of,
     turn_result,
     unanswered,
@@ -260,22 +261,7 @@ class Loop:
         executions, streak, hints = apply_empty_streak(
             [r for r in results if r is not None], ex.empty_streak, ex.limits
         )
-        tool_messages = [ChatMessage.tool(e.call_id, e.content) for e in executions]
-        # Once judged, a value too large for the model is not kept in the state: the truncated
-        # content is what the model saw; the full value would only grow every later save.
-        executions = [
-            e.model_copy(update={"value": None}) if e.truncated else e for e in executions
-        ]
-        step = AgentStep(
-            index=pending.index,
-            input_count=pending.input_count,
-            output_messages=(response.message, *tool_messages),
-            response=response,
-            tool_executions=tuple(executions),
-            errors=tuple(
-                f"{e.name}: {e.error}" for e in executions if e.outcome in ("error", "unknown")
-            ),
-        )
+        step, tool_messages = recorded_step(pending, executions)
         ctx = HookContext(state=state, agent=agent, step=pending.index)
         await self.hooks.after_step(ctx, step)
         now = self.clock()

@@ -4,10 +4,19 @@ result of a finished one, and the session once it is over."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from contracts.messages import ChatMessage
-from contracts.state import AgentState, ExecutionState, PendingStep, SessionContext, StopSignal
+from contracts.state import (
+    AgentState,
+    AgentStep,
+    ExecutionState,
+    PendingStep,
+    SessionContext,
+    StopSignal,
+    ToolExecution,
+)
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from worker.loop.spec import AgentSpec
 
@@ -117,3 +126,25 @@ def unanswered(pending: PendingStep, reason: str) -> list[ChatMessage]:
         )
         messages.append(ChatMessage.tool(call.id, content))
     return messages
+
+
+def recorded_step(
+    pending: PendingStep, executions: Sequence[ToolExecution]
+) -> tuple[AgentStep, list[ChatMessage]]:
+    """The record of a completed step from its pending state and its judged tool results, and
+    the tool messages that go to the history. Once judged, a value too large for the model is
+    not kept: the truncated content is what the model saw; the full value would only grow every
+    later save."""
+    response = pending.response
+    assert response is not None
+    tool_messages = [ChatMessage.tool(e.call_id, e.content) for e in executions]
+    kept = tuple(e.model_copy(update={"value": None}) if e.truncated else e for e in executions)
+    step = AgentStep(
+        index=pending.index,
+        input_count=pending.input_count,
+        output_messages=(response.message, *tool_messages),
+        response=response,
+        tool_executions=kept,
+        errors=tuple(f"{e.name}: {e.error}" for e in kept if e.outcome in ("error", "unknown")),
+    )
+    return step, tool_messages
