@@ -14,17 +14,15 @@ from redis.asyncio import Redis
 from contracts.tools import ToolDefinition
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 from contracts.work import StepWork
-from worker.agents import AgentProfile, AgentProfiles
-from worker.loop import Hook, HookContext, Loop
+from worker.loop import Hook, HookContext
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelHttpClient
 from worker.sequencer import Action, SessionSequencer, Step
-from worker.session.leases import LeaseKeeper
-from worker.session.port import StepSession
 from worker.session.store import RedisStore
-from worker.testing.memory import FunctionTools, ListSink, StaticCatalog
+from worker.testing.memory import FunctionTools, ListSink
 from worker.testing.replies import Reply
 from worker.testing.scripted_model import ScriptedModel
+from worker.testing.sequencing import sequencer_over
 
 LOOKUP = ToolDefinition(name="lookup", description="look up", parameters={"type": "object"})
 
@@ -58,24 +56,13 @@ async def model(scripted_model: ScriptedModel) -> AsyncIterator[OpenAIModel]:
 @pytest.fixture
 def sequencer(redis: Redis, model: OpenAIModel) -> Callable[[Hook], SessionSequencer]:
     def build(hooks: Hook) -> SessionSequencer:
-        store = RedisStore(redis, ttl_s=3600)
-
-        def loop_factory(session: StepSession, _profile: AgentProfile) -> Loop:
-            return Loop(
-                model=model,
-                tools=FunctionTools({"lookup": echo}),
-                catalog=StaticCatalog([LOOKUP]),
-                store=session,
-                events=ListSink(),
-                hooks=hooks,
-            )
-
-        return SessionSequencer(
-            store=store,
-            leases=LeaseKeeper(store),
-            profiles=AgentProfiles(agents=(AgentProfile(name="support"),)),
-            loop_factory=loop_factory,
+        return sequencer_over(
+            RedisStore(redis, ttl_s=3600),
+            model=model,
+            tools=FunctionTools({"lookup": echo}),
+            definitions=[LOOKUP],
             events=ListSink(),
+            hooks=hooks,
         )
 
     return build

@@ -29,20 +29,15 @@ from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from contracts.work import StepWork
-from worker.agents import AgentProfile, AgentProfiles
-from worker.loop import Loop
 from worker.metrics import WorkerMetrics
-from worker.sequencer import SessionSequencer
-from worker.session.leases import LeaseKeeper
-from worker.session.port import StepSession
 from worker.testing.broker import MemoryDelivery, MemoryPublisher, Published, ScriptedAnswers
 from worker.testing.memory import (
     FunctionTools,
     ListSink,
     MemorySession,
     MemoryStore,
-    StaticCatalog,
 )
+from worker.testing.sequencing import sequencer_over
 from worker.transport.consumer import Consumer
 
 SESSION = "s1"
@@ -129,21 +124,8 @@ def make_rig() -> Iterator[MakeRig]:
         events = ListSink()
         registry = CollectorRegistry()
 
-        def loop_factory(session: StepSession, profile: AgentProfile) -> Loop:
-            return Loop(
-                model=model,
-                tools=tools,
-                catalog=StaticCatalog([LOOKUP]),
-                store=session,
-                events=events,
-            )
-
-        sequencer = SessionSequencer(
-            store=store,
-            leases=LeaseKeeper(store),
-            profiles=AgentProfiles(agents=(AgentProfile(name="support"),)),
-            loop_factory=loop_factory,
-            events=events,
+        sequencer = sequencer_over(
+            store, model=model, tools=tools, definitions=[LOOKUP], events=events
         )
         up = asyncio.Event()
         up.set()

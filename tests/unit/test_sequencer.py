@@ -17,14 +17,12 @@ from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from contracts.work import StepWork
-from worker.agents import AgentProfile, AgentProfiles
-from worker.loop import Hook, HookContext, Loop
+from worker.loop import Hook, HookContext
 from worker.loop.ports import LoopObserver
 from worker.sequencer import Busy, Drop, Reply, SessionSequencer, Step
-from worker.session.leases import LeaseKeeper
-from worker.session.port import StepSession
 from worker.testing.broker import ScriptedAnswers
-from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog
+from worker.testing.memory import FunctionTools, ListSink, MemoryStore
+from worker.testing.sequencing import sequencer_over
 
 SESSION = "s1"
 REPLIES = "client.replies"
@@ -104,23 +102,14 @@ def rig() -> Iterator[Rig]:
     hook = RecordingHook()
     observer = RecordingObserver()
 
-    def loop_factory(session: StepSession, profile: AgentProfile) -> Loop:
-        return Loop(
-            model=model,
-            tools=tools,
-            catalog=StaticCatalog([LOOKUP]),
-            store=session,
-            events=events,
-            hooks=hook,
-            observer=observer,
-        )
-
-    sequencer = SessionSequencer(
-        store=store,
-        leases=LeaseKeeper(store),
-        profiles=AgentProfiles(agents=(AgentProfile(name="support"),)),
-        loop_factory=loop_factory,
+    sequencer = sequencer_over(
+        store,
+        model=model,
+        tools=tools,
+        definitions=[LOOKUP],
         events=events,
+        hooks=hook,
+        observer=observer,
     )
     yield Rig(store, model, tools, events, hook, observer, sequencer)
     model.assert_done()

@@ -1,0 +1,48 @@
+"""A ``SessionSequencer`` over given parts, wired as ``worker.app`` wires the real ones (one loop
+per step, over that step's session), for tests and for running turns in one process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from contracts.tools import ToolDefinition
+from worker.agents import AgentProfile, AgentProfiles
+from worker.loop import EventSink, Hook, Loop, Model, ToolCaller
+from worker.loop.ports import LoopObserver
+from worker.sequencer import SessionSequencer
+from worker.session.leases import LeaseKeeper
+from worker.session.port import SessionStore, StepSession
+from worker.testing.memory import StaticCatalog
+
+
+def sequencer_over(
+    store: SessionStore,
+    *,
+    model: Model,
+    tools: ToolCaller,
+    definitions: Sequence[ToolDefinition],
+    events: EventSink,
+    hooks: Hook | None = None,
+    observer: LoopObserver | None = None,
+    agents: Sequence[str] = ("support",),
+) -> SessionSequencer:
+    """Every agent named in ``agents`` may use every tool of ``definitions``."""
+
+    def loop_factory(session: StepSession, _profile: AgentProfile) -> Loop:
+        return Loop(
+            model=model,
+            tools=tools,
+            catalog=StaticCatalog(definitions),
+            store=session,
+            events=events,
+            hooks=hooks,
+            observer=observer,
+        )
+
+    return SessionSequencer(
+        store=store,
+        leases=LeaseKeeper(store),
+        profiles=AgentProfiles(agents=tuple(AgentProfile(name=name) for name in agents)),
+        loop_factory=loop_factory,
+        events=events,
+    )
