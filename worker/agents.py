@@ -23,7 +23,16 @@ class AgentProfile(AgentSpec):
     """An agent as the agents file declares it: the loop's ``AgentSpec`` plus the hook sets to
     enable and their configuration."""
 
-    hooks: tuple[str, ...] = Field(default=(), description="Names of built-in hook sets to enable.")
+    hooks: tuple[str, ...] = Field(
+        default=(),
+        description="Hook sets to enable, in order: built-in names ('redact') or import paths "
+        "('mypkg.guards:NoRefunds', a worker.loop.hooks.Hook subclass); see docs/hooks.md.",
+    )
+    hook_config: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Configuration of hook sets given by import path, by their name in 'hooks'; "
+        "validated by the hook's own Config model.",
+    )
     redaction: RedactionConfig = Field(
         default_factory=RedactionConfig,
         description="Configuration of the 'redact' hook set (worker.redaction).",
@@ -37,6 +46,11 @@ class AgentProfile(AgentSpec):
         # A redaction block without the hook set would quietly send raw values to the model.
         if "redaction" in self.model_fields_set and REDACT not in self.hooks:
             raise ValueError(f"'redaction' is configured but {REDACT!r} is not in 'hooks'")
+        for name in self.hook_config:
+            if name not in self.hooks or name == REDACT:
+                raise ValueError(
+                    f"'hook_config' names {name!r}, which is not a hook set in 'hooks'"
+                )
         return self
 
 

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from typing import Final
 
 import aio_pika
 import httpx2
@@ -25,8 +24,10 @@ from contracts import topology as t
 from contracts.runtime.health import HealthServer
 from worker import collector
 from worker.agents import AgentProfile, AgentProfiles
+from worker.errors import ProfileError
 from worker.heap import HeapTrimmer, malloc_trim
-from worker.loop import Hook, Hooks, Loop
+from worker.hooksets import HookSets
+from worker.loop import Loop
 from worker.metrics import CountingSink, WorkerMetrics, build_info
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelClient, ModelHttpClient
@@ -54,24 +55,10 @@ DEFAULT_PROFILES = AgentProfiles(agents=(AgentProfile(name="default"),))
 def load_profiles(settings: Settings) -> AgentProfiles:
     if settings.agents_file is None:
         return DEFAULT_PROFILES
-    return AgentProfiles.load(settings.agents_file)
-
-
-_NO_HOOKS: Final = Hooks()
-
-
-def hooks_for(profile: AgentProfile, redaction: Redaction | None = None) -> Hook:
-    """Built-in hook sets an agent profile can turn on by name."""
-    if not profile.hooks:
-        return _NO_HOOKS
-    enabled: list[Hook] = []
-    for name in profile.hooks:
-        if name != REDACT:
-            raise ValueError(f"agent {profile.name}: unknown hook set {name!r}")
-        if redaction is None:
-            raise ValueError(f"agent {profile.name}: hook set {REDACT!r} needs the worker's Redis")
-        enabled.append(redaction.hooks(profile.redaction))
-    return Hooks(enabled)
+    try:
+        return AgentProfiles.load(settings.agents_file)
+    except (OSError, ValueError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
+        raise ProfileError(f"agents file {settings.agents_file}: {exc}") from None
 
 
 def openai_client(settings: Settings) -> AsyncOpenAI:
@@ -116,8 +103,7 @@ class Worker:
         )
         redis = Redis(connection_pool=pool)
         redaction = Redaction(RedisVault(redis), default_ttl_s=s.state_ttl_s)
-        for profile in self.profiles.agents:
-            hooks_for(profile, redaction)
+        hook_sets = HookSets(self.profiles, redaction)
         connection = await aio_pika.connect_robust(
             s.amqp_url,
             client_properties={"connection_name": f"loopwire-worker-{os.getpid()}"},
@@ -158,7 +144,7 @@ class Worker:
                     catalog=catalog,
                     store=session,
                     events=sink,
-                    hooks=hooks_for(profile, redaction),
+                    hooks=hook_sets.for_agent(profile.name),
                     observer=self.metrics,
                 )
 
@@ -262,7 +248,11 @@ def main() -> int:
     )
     for noisy in ("aiormq", "aio_pika", "httpx2"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
-    worker = Worker(settings)
+    try:
+        worker = Worker(settings)
+    except ProfileError as exc:
+        log.error("%s", exc)
+        return 2
 
     async def runner() -> None:
         loop = asyncio.get_running_loop()
@@ -270,10 +260,14 @@ def main() -> int:
             loop.add_signal_handler(sig, worker.stop)
         await worker.run()
 
-    if settings.event_loop == "uvloop":
-        import uvloop
+    try:
+        if settings.event_loop == "uvloop":
+            import uvloop
 
-        uvloop.run(runner())
-    else:
-        asyncio.run(runner())
+            uvloop.run(runner())
+        else:
+            asyncio.run(runner())
+    except ProfileError as exc:  # a hook set that does not resolve
+        log.error("%s", exc)
+        return 2
     return 0

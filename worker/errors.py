@@ -47,6 +47,10 @@ class ModelError(LoopwireError):
         self.code = code
 
 
+class ProfileError(LoopwireError, ValueError):
+    """An agents file that cannot be loaded: the message names the profile and the part."""
+
+
 class CliError(LoopwireError):
     """An error the ``loopwire`` command shows as one line, with an exit code (1 unless said)."""
 

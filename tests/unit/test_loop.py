@@ -32,6 +32,7 @@ from contracts.turns import (
     TurnRequest,
     TurnResult,
 )
+from tests.hook_fixtures.hooks import StopAt
 from worker.agents import AgentProfile
 from worker.errors import RetryableError, StaleStateError, ToolUnavailableError
 from worker.loop import (
@@ -928,42 +929,16 @@ async def test_before_tool_can_block_a_call(
     assert_transcript(rig.history())
 
 
-class StopAt(Hook):
-    name = "stopper"
-
-    def __init__(self, point: str, step: int) -> None:
-        self.point = point
-        self.step = step
-
-    def _maybe_stop(self, point: str, ctx: HookContext) -> None:
-        if point == self.point and ctx.step == self.step:
-            ctx.stop("guardian", f"stopped in {point}")
-
-    async def before_execution(self, ctx: HookContext) -> None:
-        self._maybe_stop("before_execution", ctx)
-
-    async def before_step(self, ctx: HookContext) -> None:
-        self._maybe_stop("before_step", ctx)
-
-    async def after_model(self, ctx: HookContext, response: ModelResponse) -> ModelResponse:
-        self._maybe_stop("after_model", ctx)
-        return response
-
-    async def after_step(self, ctx: HookContext, step: AgentStep) -> None:
-        self._maybe_stop("after_step", ctx)
-
-    async def before_tool(self, ctx: HookContext, call: ToolInvocation) -> ToolInvocation | Blocked:
-        self._maybe_stop("before_tool", ctx)
-        return call
-
-
 @pytest.mark.parametrize(
     ("point", "step", "model_calls", "content"),
     [
         ("before_execution", 0, 0, None),
         ("before_step", 0, 0, None),
         ("before_step", 1, 1, "checking"),
+        ("prepare_messages", 0, 0, None),
+        ("prepare_messages", 1, 1, "checking"),
         ("after_model", 0, 1, "checking"),
+        ("after_tool", 0, 1, "checking"),
         ("before_tool", 0, 1, "checking"),
         ("after_step", 0, 1, "checking"),
         ("after_step", 1, 2, "still checking"),
@@ -983,13 +958,13 @@ async def test_hook_stop_signal_ends_the_turn(
     ]
     for reply in script[:model_calls]:
         scripted_model.expect(reply)
-    rig = build(make_model(), {"lookup": echo}, hooks=StopAt(point, step))
+    rig = build(make_model(), {"lookup": echo}, hooks=StopAt(StopAt.Config(point=point, step=step)))
 
     finished = await rig.loop.run_turn(None, turn(), profile())
 
     result = finished.result
     assert result.finish_reason == "stop"
-    assert result.stopped_by == "guardian"
+    assert result.stopped_by == "stop_at"
     assert result.content == content
     assert len(scripted_model.requests) == model_calls
     if point == "after_model":
@@ -997,7 +972,7 @@ async def test_hook_stop_signal_ends_the_turn(
         assert rig.tools.calls == []
         [invoked] = rig.events_of("tool.invoked")
         assert invoked.data.outcome == "blocked"
-        assert "stopped by guardian" in (invoked.data.error or "")
+        assert "stopped by stop_at" in (invoked.data.error or "")
     else:
         assert len(rig.tools.calls) == model_calls  # a later stop lets the step's tools finish
     history = rig.history()

@@ -16,9 +16,9 @@ from contracts.events import ToolInvoked
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from worker.agents import AgentProfile, AgentProfiles
-from worker.app import hooks_for
-from worker.errors import RetryableError
-from worker.loop import Hooks, Loop
+from worker.errors import ProfileError, RetryableError
+from worker.hooksets import HookSets
+from worker.loop import Hook, Loop
 from worker.model.adapter import OpenAIModel
 from worker.redaction.checks import card_valid, iban_valid, luhn_valid
 from worker.redaction.config import RedactionConfig
@@ -167,18 +167,14 @@ def test_bad_profile_configuration_is_refused_at_load() -> None:
         AgentProfile(name="support", redaction=RedactionConfig())
 
 
-def test_hooks_for_turns_redaction_on_by_name() -> None:
+def test_hook_sets_turn_redaction_on_by_name() -> None:
     agents = AgentProfiles.model_validate(
         {"agents": [{"name": "support", "hooks": ["redact"], "redaction": {"detect": ["email"]}}]}
     )
-    profile = agents.agents[0]
-    with pytest.raises(ValueError, match="needs the worker's Redis"):
-        hooks_for(profile)
-    hooks = hooks_for(profile, Redaction(MemoryVault(), default_ttl_s=60))
-    assert isinstance(hooks, Hooks)
-    assert [h.name for h in hooks.hooks] == ["redact"]
-    with pytest.raises(ValueError, match="unknown hook set"):
-        hooks_for(AgentProfile(name="x", hooks=("nope",)))
+    with pytest.raises(ProfileError, match="needs the worker's Redis"):
+        HookSets(agents)
+    hooks = HookSets(agents, Redaction(MemoryVault(), default_ttl_s=60)).for_agent("support")
+    assert hooks.name == "redact"
 
 
 # -- placeholders -------------------------------------------------------------------------------
@@ -270,6 +266,10 @@ PROFILE = AgentProfile(
 )
 
 
+def hook_sets(redaction: Redaction) -> Hook:
+    return HookSets(AgentProfiles(agents=(PROFILE,)), redaction).for_agent(PROFILE.name)
+
+
 def request(text: str, turn_id: str) -> TurnRequest:
     return TurnRequest(
         turn_id=turn_id, session_id="s1", agent="support", input=(InputMessage(content=text),)
@@ -304,7 +304,7 @@ async def test_a_turn_never_shows_the_model_a_value_and_tools_get_real_ones(
         catalog=StaticCatalog([ToolDefinition(name="crm")]),
         store=store,
         events=sink,
-        hooks=hooks_for(PROFILE, redaction),
+        hooks=hook_sets(redaction),
     )
 
     first = await loop.run_turn(None, request(f"I am {EMAIL}, phone {PHONE}", "t1"), PROFILE)
@@ -397,7 +397,7 @@ async def test_a_redaction_table_out_of_reach_fails_the_step_for_a_retry(
         catalog=StaticCatalog([ToolDefinition(name="crm")]),
         store=MemoryStore(),
         events=ListSink(),
-        hooks=hooks_for(PROFILE, Redaction(vault, default_ttl_s=60)),
+        hooks=hook_sets(Redaction(vault, default_ttl_s=60)),
     )
     with pytest.raises(RetryableError):
         await loop.run_turn(None, request("look it up", "t1"), PROFILE)

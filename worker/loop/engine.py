@@ -154,6 +154,9 @@ class Loop:
             return await self.end(stopped, agent, "stop", ex.last_content)
         started = self.clock()
         messages = await compile_messages(self.store, self.hooks, state, agent, ctx)
+        if ctx.stop_signal is not None:  # e.g. a guard judged the input: no model call
+            stopped = with_execution(state, stop_signal=ctx.stop_signal)
+            return await self.end(stopped, agent, "stop", ex.last_content)
         offered = [d for d in await self.catalog.available() if agent.allows(d.name)]
         request = model_request(state, agent, messages, offered)
         return ModelCall(
@@ -165,7 +168,6 @@ class Loop:
             offered=tuple(d.name for d in offered),
             started=started,
             called=self.clock(),
-            stop=ctx.stop_signal,
         )
 
     async def _redispatch(self, state: AgentState) -> AgentState:
@@ -213,7 +215,7 @@ class Loop:
         observe(self.observer.model_called, call.model, response.usage, self.clock() - call.called)
         state = call.parked.unpark()
         ex = turn_of(state)
-        ctx = HookContext(state=state, agent=agent, step=call.index, stop_signal=call.stop)
+        ctx = HookContext(state=state, agent=agent, step=call.index)
         response = await self.hooks.after_model(ctx, response)
         response = unique_call_ids(response, ex, call.index)
         content = response.message.content

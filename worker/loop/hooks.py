@@ -1,8 +1,15 @@
 """Hooks: one protocol with eight points, configured per agent.
 
 Every method has a no-op default; a hook overrides only what it needs. Any
-hook can call ``ctx.stop(reason)``: the loop finishes the step in hand and ends
-the turn with ``stopped_by`` set to the hook's name.
+hook can call ``ctx.stop(source, reason)`` and the turn ends with ``stopped_by``
+set to ``source``: a stop before the model is called (``before_execution``,
+``before_step``, ``prepare_messages``) ends it without calling the model; a stop
+in ``after_model`` records the step's tool calls as blocked; a later stop
+(``before_tool``, ``after_tool``, ``after_step``) lets the step's tools finish.
+A hook that raises fails the step, which is retried and then dead-lettered,
+except in ``after_tool`` (the model gets ``{"error": "result withheld: a hook
+failed"}``: the real result is never shown unchecked) and ``after_execution``
+(logged; the turn's ending stands).
 """
 
 from __future__ import annotations

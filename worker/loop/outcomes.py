@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from contracts.state import AgentState, ModelResponse, StopSignal
+from contracts.state import AgentState, ModelResponse
 from contracts.turns import TurnResult
 from worker.loop.ports import Parked
 
@@ -42,7 +42,6 @@ class ModelCall:
     offered: tuple[str, ...]
     started: float
     called: float
-    stop: StopSignal | None
 
 
 Phase = RunAgain | Finished | ModelCall
