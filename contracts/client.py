@@ -5,13 +5,19 @@ routing keys *before* it publishes the request, so no early event is missed,
 and uses the same queue as the request's ``reply_to``. It chooses the turn id,
 so publishing the same request again (after a lost confirm, say) is idempotent:
 the worker runs it once and answers the duplicate with the stored result.
+
+The connection is robust (reconnects every ``reconnect_s``, 1 s by default, as
+workers and tool services do). A reply sent while the client was disconnected is
+lost with its queue, so after a reconnect the client publishes every waiting
+turn's request again: the copy runs nothing, and its answer is the result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import aio_pika
@@ -26,6 +32,8 @@ from contracts import topology as t
 from contracts.codec import DecodeError, decode, encode
 from contracts.events import Event
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
+
+log = logging.getLogger("loopwire.client")
 
 FINAL_EVENTS = frozenset({"turn.completed", "turn.failed", "turn.rejected"})
 
@@ -64,6 +72,12 @@ class TurnHandle:
         for future in (self._result, self._accepted):  # an unread rejection is not an error
             future.add_done_callback(_retrieve)
         self._tag: str | None = None
+        self._closed: Callable[[], object] = lambda: None
+
+    @property
+    def done(self) -> bool:
+        """Whether the result (or a rejection) has arrived."""
+        return self._result.done()
 
     async def _start(self) -> None:
         self._tag = await self._queue.consume(self._on_message, no_ack=True)
@@ -115,6 +129,7 @@ class TurnHandle:
         return await asyncio.wait_for(asyncio.shield(self._result), timeout)
 
     async def close(self) -> None:
+        self._closed()
         if self._tag is not None:
             await self._queue.cancel(self._tag)
             self._tag = None
@@ -129,10 +144,14 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 class LoopwireClient:
     """``async with LoopwireClient(url) as client: result = await client.run_turn(...)``."""
 
-    def __init__(self, amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/") -> None:
+    def __init__(
+        self, amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/", *, reconnect_s: float = 1.0
+    ) -> None:
         self.amqp_url = amqp_url
+        self.reconnect_s = reconnect_s
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
+        self._waiting: dict[str, TurnHandle] = {}
 
     async def __aenter__(self) -> LoopwireClient:
         await self.connect()
@@ -143,8 +162,11 @@ class LoopwireClient:
 
     async def connect(self) -> None:
         self._connection = await aio_pika.connect_robust(
-            self.amqp_url, client_properties={"connection_name": "loopwire-client"}
+            self.amqp_url,
+            client_properties={"connection_name": "loopwire-client"},
+            reconnect_interval=self.reconnect_s,
         )
+        self._connection.reconnect_callbacks.add(self._ask_again)
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.declare_exchange(
             t.EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
@@ -154,6 +176,20 @@ class LoopwireClient:
         if self._connection is not None:
             await self._connection.close()
             self._connection = None
+
+    async def _ask_again(self, *_: object) -> None:
+        """After a reconnect, publish each waiting turn's request again. A reply or event
+        published while the client was away went to its reply queue, which the broker dropped
+        with the connection; the copy (same turn id) runs nothing: loopwire answers it with
+        the stored result of a finished turn, or remembers its ``reply_to`` beside the first's
+        for a running one, so the result still arrives."""
+        for handle in list(self._waiting.values()):
+            if handle.done:
+                continue
+            try:
+                await self.publish(handle.request)
+            except Exception:  # lost again: the next reconnect asks again
+                log.warning("could not publish turn %s again after a reconnect", handle.turn_id)
 
     @property
     def channel(self) -> AbstractChannel:
@@ -188,6 +224,8 @@ class LoopwireClient:
         )
         handle = TurnHandle(request, queue, self.channel)
         await handle._start()
+        self._waiting[turn_id] = handle
+        handle._closed = lambda: self._waiting.pop(turn_id, None)
         await self.publish(request)
         return handle
 

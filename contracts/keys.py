@@ -92,3 +92,9 @@ def tool_call_lease(idempotency_key: str) -> str:
 def session_notes(session_id: str) -> str:
     """List of msgpack notes filed for the session by the ``notes`` tool service."""
     return f"{PREFIX}:{{{session_id}}}:notes"
+
+
+def session_notes_filed(session_id: str) -> str:
+    """Hash of the ``notes`` tool service: idempotency key of a call -> the count its note
+    made, so a call whose write is retried after a lost reply files its note once."""
+    return f"{session_notes(session_id)}:filed"

@@ -18,7 +18,9 @@ One delivery, start to end:
    default exchange with routing key ``reply_to``, the request's
    ``correlation_id`` and the ``idempotency-key`` header echoed; only then is
    the request acked. If the connection drops first, the broker redelivers the
-   request and the stored reply is sent.
+   request and the stored reply is sent. A call runs in a task of its own, not
+   the delivery's: closing a channel cancels its delivery tasks, and a lost
+   connection must not cut a tool off halfway.
 
 Concurrency: channel prefetch = ``concurrency`` (RabbitMQ applies it per
 consumer, i.e. per tool) plus one semaphore shared by every tool of the instance.
@@ -235,14 +237,13 @@ class ToolServer:
     # -- one delivery ----------------------------------------------------------------------
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        try:
-            await self._handle(message)
-        finally:
-            if task is not None:
-                self._tasks.discard(task)
+        # The call runs in a task of its own: a lost connection closes the channel, which
+        # cancels its delivery tasks, and a tool cut off halfway (a note half filed) has no
+        # stored reply to answer the redelivery with. The call runs on and stores its reply.
+        task = asyncio.create_task(self._handle(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.shield(task)
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         try:
@@ -261,7 +262,11 @@ class ToolServer:
         except Exception:
             # Connection lost: the broker redelivers by itself and the stored reply is sent
             # then. Anything else would fail again: drop the delivery instead of looping.
-            log.exception("could not reply to call %s; dropping it", message.correlation_id)
+            log.exception(
+                "could not reply to call %s; dropping the delivery (the reply is stored, and "
+                "a redelivery after a lost connection is answered from it)",
+                message.correlation_id,
+            )
             with contextlib.suppress(Exception):
                 await message.reject(requeue=False)
 
