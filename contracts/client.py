@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -30,12 +31,13 @@ from aio_pika.abc import (
 
 from contracts import topology as t
 from contracts.codec import DecodeError, decode, encode
+from contracts.control import TurnCancel
 from contracts.events import Event
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 
 log = logging.getLogger("loopwire.client")
 
-FINAL_EVENTS = frozenset({"turn.completed", "turn.failed", "turn.rejected"})
+FINAL_EVENTS = frozenset({"turn.completed", "turn.failed", "turn.cancelled", "turn.rejected"})
 
 
 class TurnRejectedError(RuntimeError):
@@ -128,12 +130,38 @@ class TurnHandle:
     async def result(self, timeout: float | None = 300.0) -> TurnResult:
         return await asyncio.wait_for(asyncio.shield(self._result), timeout)
 
+    async def cancel(self, reason: str = "cancelled", *, by: str | None = None) -> None:
+        """Cancel this turn wherever it is; its result then arrives with ``finish_reason:
+        cancelled`` (or the turn's own, if it finished first)."""
+        cancel = TurnCancel(
+            turn_id=self.turn_id,
+            session_id=self.request.session_id,
+            reason=reason,
+            by=by,
+            at=time.time(),
+        )
+        await publish_cancel(self._channel, cancel)
+
     async def close(self) -> None:
         self._closed()
         if self._tag is not None:
             await self._queue.cancel(self._tag)
             self._tag = None
         await self._queue.delete(if_unused=False, if_empty=False)
+
+
+async def publish_cancel(channel: AbstractChannel, cancel: TurnCancel) -> None:
+    """Publish a ``turn.cancel`` control message (confirmed, on a channel with confirms)."""
+    await channel.default_exchange.publish(
+        aio_pika.Message(
+            encode(cancel),
+            content_type=t.CONTENT_TYPE,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=f"cancel:{cancel.turn_id}",
+            headers={t.H_KIND: t.KIND_CANCEL},
+        ),
+        routing_key=t.TURNS_QUEUE,
+    )
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -241,6 +269,20 @@ class LoopwireClient:
             ),
             routing_key=t.TURNS_QUEUE,
         )
+
+    async def cancel(
+        self,
+        turn_id: str,
+        reason: str = "cancelled",
+        *,
+        session_id: str | None = None,
+        by: str | None = None,
+    ) -> None:
+        """Cancel a turn by its id (``turn.cancel``); naming its session saves a lookup."""
+        cancel = TurnCancel(
+            turn_id=turn_id, session_id=session_id, reason=reason, by=by, at=time.time()
+        )
+        await publish_cancel(self.channel, cancel)
 
     async def run_turn(
         self,

@@ -32,6 +32,7 @@ EventType = Literal[
     "turn.completed",
     "turn.failed",
     "turn.rejected",
+    "turn.cancelled",
 ]
 EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -179,4 +180,6 @@ def make_event(
 
 
 def finish_event_type(reason: FinishReason) -> EventType:
-    return "turn.failed" if reason == "error" else "turn.completed"
+    if reason == "error":
+        return "turn.failed"
+    return "turn.cancelled" if reason == "cancelled" else "turn.completed"

@@ -98,3 +98,15 @@ def session_notes_filed(session_id: str) -> str:
     """Hash of the ``notes`` tool service: idempotency key of a call -> the count its note
     made, so a call whose write is retried after a lost reply files its note once."""
     return f"{session_notes(session_id)}:filed"
+
+
+def turn_controls(session_id: str, turn_id: str) -> str:
+    """Hash of the control messages recorded for a turn (field ``cancel``: the
+    ``TurnCancel``); read with the lease by every step, deleted when the turn ends."""
+    return f"{PREFIX}:{{{session_id}}}:turn:{turn_id}:controls"
+
+
+def turn_session(turn_id: str) -> str:
+    """String: the session of a turn, written when the turn is accepted, so that a control
+    message may name the turn alone."""
+    return f"{PREFIX}:turn:{turn_id}:session"

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from contracts.control import TurnCancel
 from contracts.events import Event
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
@@ -21,6 +22,7 @@ from contracts.turns import TurnRequest, TurnResult
 PUBLIC_CONTRACTS: dict[str, type[BaseModel]] = {
     "TurnRequest": TurnRequest,
     "TurnResult": TurnResult,
+    "TurnCancel": TurnCancel,
     "Event": Event,
     "ToolDefinition": ToolDefinition,
     "ToolCallRequest": ToolCallRequest,

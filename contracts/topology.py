@@ -36,6 +36,8 @@ H_KIND: Final = "x-loopwire-kind"
 # Message kinds on the turn queue
 KIND_START: Final = "turn.start"
 KIND_STEP: Final = "turn.step"
+KIND_CANCEL: Final = "turn.cancel"
+"""A control message (``contracts.control.TurnCancel``): end a turn wherever it is."""
 
 RETRY_QUEUE: Final = "loopwire.turns.retry"
 """Delay queue: work for a busy session (or a step to retry) waits here, then dead-letters back

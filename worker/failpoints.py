@@ -9,7 +9,8 @@ Points: ``step_begin`` (a step message was taken, its lease held),
 ``tool_dispatched`` (a tool call was published), ``tool_result_saved`` (a tool
 result was saved), ``step_saved`` (a step was saved, the next step's message not
 published yet), ``before_ack`` (everything of a step was saved and published,
-the work message not acked yet). Unset in production: then ``hit`` is a no-op.
+the work message not acked yet), ``cancel_recorded`` (a ``turn.cancel`` was
+recorded, not applied yet). Unset in production: then ``hit`` is a no-op.
 """
 
 from __future__ import annotations

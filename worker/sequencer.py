@@ -19,18 +19,22 @@ result and the ``turn.completed`` event keep what the loop produced.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from contracts.control import TurnCancel
 from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
+from contracts.state import AgentState, ExecutionState, StopSignal
 from contracts.turns import TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
 from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import PermanentError
 from worker.loop import EventSink, Finished, Loop, StepOutcome, new_execution
+from worker.loop.turn import turn_result, with_execution
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
 
@@ -128,16 +132,65 @@ class SessionSequencer:
         return []
 
     async def on_step(self, work: StepWork) -> list[Action]:
-        session = await self.store.take(work.session_id)
+        session = await self.store.take(work.session_id, work.turn_id)
         if session is None:
             return [Busy()]
-        self.leases.hold(session, f"{work.turn_id}#{work.step}")
+        task = asyncio.current_task()
+        assert task is not None
+        abandoned = False
+
+        def cancelled() -> None:
+            # a renewal found the turn cancelled while its step waits for the model or a tool
+            nonlocal abandoned
+            abandoned = True
+            task.cancel()
+
+        self.leases.hold(session, f"{work.turn_id}#{work.step}", cancelled)
         try:
             return await self._run(session, work)
+        except asyncio.CancelledError:
+            if not abandoned or task.cancelling() > 1:
+                raise  # the worker is stopping
+            task.uncancel()
+            # the call in flight is abandoned; the step message again ends the turn from its
+            # last save, under the lease, with what it had
+            return [Step(work)]
         finally:
             self.leases.drop(session)
             if not session.released:
                 await self.store.release(session)
+
+    async def on_cancel(self, cancel: TurnCancel) -> list[Action]:
+        """Record a cancel and end the turn wherever it is: one queued behind others at once;
+        the running one through a step message, whose step (or the step running now, told by
+        its lease renewal) sees the cancel under the lease."""
+        turn_id = cancel.turn_id
+        session_id = cancel.session_id or await self.store.session_of(turn_id)
+        if session_id is None:
+            return [Drop(f"cancel for unknown turn {turn_id}", "unknown_turn")]
+        recorded = await self.store.record_cancel(session_id, cancel)
+        if recorded == "unknown":
+            return [Drop(f"cancel for unknown turn {turn_id}", "unknown_turn")]
+        if recorded == "finished":
+            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
+        failpoints.hit("cancel_recorded")
+        request = await self.store.request(session_id, turn_id)
+        if request is None:  # ended meanwhile
+            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
+        profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
+        state = _cancelled(new_execution(None, request, profile, self.clock()), cancel)
+        result = turn_result(state, "cancelled", None, None, self.clock())
+        ended, replies = await self.store.end_queued(session_id, turn_id, result)
+        if ended == "finished":
+            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
+        if ended == "head":
+            return [Step(StepWork(session_id=session_id, turn_id=turn_id, step=0))]
+        await self._emit_finished(result)
+        actions: list[Action] = []
+        if replies:
+            delivered = await self.deliver(result)
+            actions += [Reply(reply_to, delivered) for reply_to in replies]
+        return actions
 
     async def _run(self, session: StepSession, work: StepWork) -> list[Action]:
         failpoints.hit("step_begin")
@@ -161,6 +214,9 @@ class SessionSequencer:
         state), or what to do instead (a stale or duplicate message, a finished turn)."""
         state = session.take_state()
         ex = state.execution if state else None
+        cancel = session.cancel
+        if cancel is not None and await self._runs(ex, work):
+            return await self._end_cancelled(session, state, work, cancel)
         if ex is None:
             head = await self.store.head(work.session_id)
             if head != work.turn_id or work.step != 0:
@@ -181,6 +237,28 @@ class SessionSequencer:
             request = ex.request
         profile = self.profile(request.agent)
         return _Stepping(self.loop_factory(session, profile).step(state, profile), request)
+
+    async def _runs(self, ex: ExecutionState | None, work: StepWork) -> bool:
+        """Whether ``work``'s turn is the session's running one (its head, started or not)."""
+        if ex is not None:
+            return ex.turn_id == work.turn_id
+        return await self.store.head(work.session_id) == work.turn_id
+
+    async def _end_cancelled(
+        self, session: StepSession, state: AgentState | None, work: StepWork, cancel: TurnCancel
+    ) -> list[Action]:
+        """End the session's running turn for its cancel, with the content it had."""
+        ex = state.execution if state else None
+        request = ex.request if ex else await self.store.request(work.session_id, work.turn_id)
+        if request is None:
+            return [Drop(f"turn {work.turn_id} has no stored request", "missing_request")]
+        profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
+        if state is None or ex is None:
+            state = new_execution(state, request, profile, self.clock())
+        loop = self.loop_factory(session, profile)
+        content = ex.last_content if ex else None
+        finished = await loop.end(_cancelled(state, cancel), profile, "cancelled", content)
+        return await self._finished(finished, request, session)
 
     async def fail_turn(self, work: StepWork, code: str, reason: str) -> list[Action]:
         """End the turn of a step that can never succeed (``finish_reason: error``) through the
@@ -278,6 +356,12 @@ class _Stepping:
 
     stepping: Awaitable[StepOutcome]
     request: TurnRequest
+
+
+def _cancelled(state: AgentState, cancel: TurnCancel) -> AgentState:
+    """The turn marked as stopped by its cancel: ``stopped_by`` is the cancel's reason."""
+    by = f"cancelled by {cancel.by}" if cancel.by else "cancelled"
+    return with_execution(state, stop_signal=StopSignal(source=cancel.reason, reason=by))
 
 
 def _first_step(session_id: str, turn_id: str) -> Step:

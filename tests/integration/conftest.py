@@ -80,7 +80,13 @@ async def redis(uid: str) -> AsyncIterator[Redis]:
         yield client
     finally:
         # Keys of the test: its turn ids are t-<uid>..., its session ids s-<uid>.
-        for pattern in (f"lw:toolcall:{{t-{uid}*", f"lw:test:{uid}:*", f"lw:{{s-{uid}}}:*"):
+        patterns = (
+            f"lw:toolcall:{{t-{uid}*",
+            f"lw:test:{uid}:*",
+            f"lw:{{s-{uid}}}:*",
+            f"lw:turn:t-{uid}*",
+        )
+        for pattern in patterns:
             async for key in client.scan_iter(match=pattern):
                 await client.delete(key)
         await drop_announcements(client, lambda a: uid in a.service)

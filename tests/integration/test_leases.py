@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from contracts import keys
 from worker.session.leases import LeaseKeeper
-from worker.session.port import StepSession
+from worker.session.port import Renewal, StepSession
 from worker.session.store import RedisStore, SessionHandle
 
 TTL_S = 0.3
@@ -77,7 +77,7 @@ class SlowRenewals(RedisStore):
         super().__init__(redis, lease_ttl_s=SLOW_TTL_S)
         self.running = self.most = 0
 
-    async def renew(self, session: StepSession) -> bool:
+    async def renew(self, session: StepSession) -> Renewal:
         self.running += 1
         self.most = max(self.most, self.running)
         try:

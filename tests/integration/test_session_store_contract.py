@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from contracts.control import TurnCancel
 from contracts.messages import ChatMessage
 from contracts.turns import InputMessage, TurnError, TurnRequest
 from worker.agents import AgentProfile
@@ -94,11 +95,11 @@ async def test_a_finished_turn_names_the_next_and_is_answered_from_its_result(
 async def test_one_lease_at_a_time_with_increasing_tokens(store: SessionStore, uid: str) -> None:
     session = await take(store, f"s-{uid}")
     assert await store.take(f"s-{uid}") is None
-    assert await store.renew(session)
+    assert await store.renew(session) == "held"
     await store.release(session)
     after = await take(store, f"s-{uid}")
     assert after.token > session.token
-    assert not await store.renew(session), "a released lease is not renewed"
+    assert await store.renew(session) == "lost", "a released lease is not renewed"
     await store.release(after)
 
 
@@ -108,7 +109,7 @@ async def test_a_save_under_a_lost_lease_fails(store: SessionStore, uid: str) ->
     state = new_execution(stale.take_state(), turn(uid), AGENT, time.time())
     await asyncio.sleep(LEASE_TTL_S * 1.5)  # expired: another worker takes the session
     newer = await take(store, f"s-{uid}")
-    assert not await store.renew(stale)
+    assert await store.renew(stale) == "lost"
     with pytest.raises(StaleStateError):
         await stale.save(state)
     await store.release(newer)
@@ -194,3 +195,59 @@ async def test_a_copy_of_a_turn_carries_the_time_the_first_was_accepted(
     assert first.accepted_at is not None
     assert copy.accepted_at == first.accepted_at
     assert behind.accepted_at is not None and behind.accepted_at > first.accepted_at
+
+
+# -- cancel ------------------------------------------------------------------------------------
+
+
+def cancel_of(request: TurnRequest, reason: str = "user left") -> TurnCancel:
+    return TurnCancel(turn_id=request.turn_id, session_id=request.session_id, reason=reason)
+
+
+async def test_a_cancel_is_recorded_once_and_read_with_the_lease_and_the_renewal(
+    store: SessionStore, uid: str
+) -> None:
+    first = turn(uid, 1)
+    assert await store.record_cancel(first.session_id, cancel_of(first)) == "unknown"
+    await store.accept(first)
+    assert await store.session_of(first.turn_id) == first.session_id
+    assert await store.session_of(f"t-{uid}-none") is None
+    plain = await store.take(first.session_id, first.turn_id)
+    assert plain is not None and plain.cancel is None
+    assert await store.record_cancel(first.session_id, cancel_of(first)) == "recorded"
+    assert await store.renew(plain) == "cancelled"  # a step running now is told
+    await store.release(plain)
+    assert await store.record_cancel(first.session_id, cancel_of(first, "again")) == "again"
+    session = await store.take(first.session_id, first.turn_id)
+    assert session is not None and session.cancel == cancel_of(first)  # the first one counts
+    await finish(session, first)
+    assert await store.record_cancel(first.session_id, cancel_of(first)) == "finished"
+    # the turn's controls went with it: the session's next turn is not cancelled
+    second = turn(uid, 2)
+    await store.accept(second)
+    after = await store.take(second.session_id, second.turn_id)
+    assert after is not None and after.cancel is None
+    assert await store.renew(after) == "held"
+
+
+async def test_a_queued_turn_is_ended_in_place_and_the_running_one_is_not(
+    store: SessionStore, uid: str
+) -> None:
+    running, queued, last = turn(uid, 1), turn(uid, 2, reply_to="r.a"), turn(uid, 3)
+    for request in (running, queued, last):
+        await store.accept(request)
+    await store.accept(queued.model_copy(update={"reply_to": "r.b"}))
+    state = new_execution(None, queued, AGENT, time.time())
+    result = turn_result(state, "cancelled", None, None, time.time())
+
+    assert await store.end_queued(running.session_id, running.turn_id, result) == ("head", ())
+    assert await store.end_queued(queued.session_id, queued.turn_id, result) == (
+        "ended",
+        ("r.a", "r.b"),
+    )
+    assert await store.end_queued(queued.session_id, queued.turn_id, result) == ("finished", ())
+    assert await store.result(queued.session_id, queued.turn_id) == result
+    assert await store.request(queued.session_id, queued.turn_id) is None
+    session = await take(store, running.session_id)
+    await finish(session, running)
+    assert session.next_turn == last.turn_id  # the ended turn is no longer in the queue

@@ -661,6 +661,11 @@ EVENT_DATA: dict[str, EventData] = {
     ),
     "turn.completed": TurnFinished(result=RESULT_STOP),
     "turn.failed": TurnFinished(result=RESULT_ERROR),
+    "turn.cancelled": TurnFinished(
+        result=RESULT_ERROR.model_copy(
+            update={"finish_reason": "cancelled", "error": None, "stopped_by": "user left"}
+        )
+    ),
     "turn.rejected": TurnRejected(reason="agent 'nobody' is not configured", code="unknown_agent"),
 }
 

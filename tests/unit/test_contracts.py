@@ -103,6 +103,7 @@ EVENT_DATA: dict[str, EventData] = {
     "turn.failed": TurnFinished(
         result=result(finish_reason="error", error=TurnError(code="x", message="boom"))
     ),
+    "turn.cancelled": TurnFinished(result=result(finish_reason="cancelled", stopped_by="user")),
     "turn.rejected": TurnRejected(reason="bad", code="malformed"),
 }
 
@@ -182,7 +183,8 @@ def test_turn_result_error_with_error() -> None:
 
 def test_finish_event_type() -> None:
     assert finish_event_type("error") == "turn.failed"
-    for reason in ("stop", "max_iterations", "cancelled"):
+    assert finish_event_type("cancelled") == "turn.cancelled"
+    for reason in ("stop", "max_iterations", "length"):
         assert finish_event_type(reason) == "turn.completed"
 
 

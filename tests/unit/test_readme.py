@@ -62,6 +62,7 @@ def test_every_setting_is_documented(name: str) -> None:
         topology.H_IDEMPOTENCY_KEY,
         topology.KIND_START,
         topology.KIND_STEP,
+        topology.KIND_CANCEL,
         topology.CONTENT_TYPE,
         *EVENT_TYPES,
         *PUBLIC_CONTRACTS,

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import pytest
 
 from contracts.codec import encode
+from contracts.control import TurnCancel
 from contracts.events import TurnFinished
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse
@@ -18,7 +20,7 @@ from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker.loop import Hook, HookContext
-from worker.loop.ports import LoopObserver
+from worker.loop.ports import LoopObserver, ModelRequest
 from worker.sequencer import Busy, Drop, Reply, SessionSequencer, Step
 from worker.testing.broker import ScriptedAnswers
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore
@@ -383,3 +385,123 @@ async def test_a_copy_of_a_turn_not_finished_is_announced_as_the_same_event(rig:
     accepted = [e for e in rig.events.events if e.type == "turn.accepted"]
     assert len(accepted) == 2
     assert encode(accepted[0]) == encode(accepted[1])
+
+
+# -- cancel -----------------------------------------------------------------------------------
+
+
+def cancel(turn_id: str, reason: str = "user left", session: str | None = SESSION) -> TurnCancel:
+    return TurnCancel(turn_id=turn_id, session_id=session, reason=reason, by="frontend")
+
+
+def replied(actions: list[Any]) -> TurnResult:
+    [reply] = [a for a in actions if isinstance(a, Reply)]
+    assert reply.reply_to == REPLIES
+    return reply.result
+
+
+async def test_cancel_of_a_queued_turn_ends_it_at_once_without_starting_it(rig: Rig) -> None:
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_request(request("t2"))
+
+    actions = await rig.sequencer.on_cancel(cancel("t2"))
+
+    result = replied(actions)
+    assert (result.finish_reason, result.stopped_by, result.steps) == ("cancelled", "user left", 0)
+    assert rig.store.queues[SESSION] == ["t1"]
+    assert rig.event_types("t2") == ["turn.accepted", "turn.cancelled"]
+    assert await rig.store.result(SESSION, "t2") == result
+    assert rig.hook.started == []  # never started
+    # the copy that follows is for a finished turn
+    assert codes(await rig.sequencer.on_cancel(cancel("t2"))) == ["finished_turn"]
+
+
+async def test_cancel_between_steps_ends_the_turn_before_the_next_model_call(rig: Rig) -> None:
+    rig.script(calls_lookup("Looking it up."))
+    await rig.sequencer.on_request(request("t1"))
+    assert await rig.sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
+
+    actions = await rig.sequencer.on_cancel(cancel("t1", session=None))  # found by turn id
+    assert actions == [kick("t1", 0)]
+    ended = await rig.sequencer.on_step(work("t1", 0))
+
+    result = replied(ended)
+    assert (result.finish_reason, result.stopped_by) == ("cancelled", "user left")
+    assert result.content == "Looking it up."
+    assert result.steps == 1
+    assert len(rig.model.requests) == 1
+    assert rig.event_types("t1")[-1] == "turn.cancelled"
+    # the step message already in flight finds the turn over
+    assert codes(await rig.sequencer.on_step(work("t1", 1))) == ["finished_turn"]
+    assert await rig.lease_is_free()
+
+
+async def test_cancel_of_the_head_before_its_first_step_never_calls_the_model(rig: Rig) -> None:
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_request(request("t2"))
+
+    assert await rig.sequencer.on_cancel(cancel("t1")) == [kick("t1")]
+    actions = await rig.sequencer.on_step(work("t1", 0))
+
+    assert replied(actions).finish_reason == "cancelled"
+    assert kick("t2") in actions  # the session's next turn runs
+    assert rig.model.requests == []
+
+
+async def test_cancel_for_an_unknown_or_finished_turn_is_dropped(rig: Rig) -> None:
+    rig.script(answers("done"))
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_step(work("t1", 0))
+
+    assert codes(await rig.sequencer.on_cancel(cancel("t1"))) == ["finished_turn"]
+    assert codes(await rig.sequencer.on_cancel(cancel("nope"))) == ["unknown_turn"]
+    assert codes(await rig.sequencer.on_cancel(cancel("nope", session=None))) == ["unknown_turn"]
+
+
+class HangingModel:
+    """A model that never answers (until the step is abandoned)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.called = asyncio.Event()
+        self.abandoned = asyncio.Event()
+
+    def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+        self.calls += 1
+        self.called.set()
+        return self._hang()
+
+    async def _hang(self) -> ModelResponse:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.abandoned.set()
+        raise AssertionError("unreachable")
+
+
+async def test_cancel_reaches_a_step_waiting_on_the_model_through_its_lease_renewal() -> None:
+    store = MemoryStore(lease_ttl_s=0.3)  # renewed every 0.1 s
+    model = HangingModel()
+    events = ListSink()
+    sequencer = sequencer_over(
+        store, model=model, tools=FunctionTools({}), definitions=[], events=events
+    )
+    await sequencer.on_request(request("t1"))
+    step = asyncio.create_task(sequencer.on_step(work("t1", 0)))
+    await asyncio.wait_for(model.called.wait(), 2)
+
+    assert await sequencer.on_cancel(cancel("t1")) == [kick("t1")]
+    work_again = kick("t1")
+    assert await asyncio.wait_for(step, 2) == [work_again]
+    assert model.abandoned.is_set()
+    assert not step.cancelled()
+    ended = await sequencer.on_step(work_again.work)
+
+    result = replied(ended)
+    assert (result.finish_reason, result.stopped_by, result.content) == (
+        "cancelled",
+        "user left",
+        None,
+    )
+    assert model.calls == 1
+    assert [e.type for e in events.events][-1] == "turn.cancelled"

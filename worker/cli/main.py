@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-iterations", type=int, default=None, help="override max_tool_iterations"
     )
 
+    cancel = sub.add_parser("cancel", help="cancel a turn wherever it is (turn.cancel)")
+    cancel.add_argument("turn_id", help="the turn's id")
+    cancel.add_argument("--reason", default="cancelled", help="why (the result's stopped_by)")
+    cancel.add_argument("--session", default=None, help="its session id (saves a lookup)")
+    cancel.add_argument("--by", default=None, help="who asks (for the log)")
+
     tail = sub.add_parser("tail", help="print events matching a routing-key pattern")
     tail.add_argument("pattern", nargs="?", default="#", help="e.g. 'tool.invoked.#' (default: #)")
     tail.add_argument("--json", action="store_true", help="JSON lines instead of text")
@@ -74,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from worker.errors import CliError
 
-    if args.command in ("turn", "tail", "dlq"):
+    if args.command in ("turn", "tail", "dlq", "cancel"):
         # the client libraries' own log lines would duplicate our one-line errors
         logging.basicConfig(level=logging.CRITICAL)
     try:
@@ -109,6 +115,18 @@ def _run(args: argparse.Namespace) -> int:
                 as_json=args.json,
                 timeout=args.timeout,
                 max_iterations=args.max_iterations,
+            )
+        )
+    if args.command == "cancel":
+        from worker.cli.turns import run_cancel_command
+
+        return asyncio.run(
+            run_cancel_command(
+                amqp_url=args.amqp_url,
+                turn_id=args.turn_id,
+                reason=args.reason,
+                session=args.session,
+                by=args.by,
             )
         )
     if args.command == "tail":

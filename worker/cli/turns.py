@@ -14,7 +14,10 @@ import sys
 import time
 from collections.abc import AsyncIterator
 
+from pydantic import ValidationError
+
 from contracts.client import LoopwireClient, TurnHandle, TurnRejectedError
+from contracts.control import TurnCancel
 from contracts.turns import LimitOverrides, TurnResult
 from worker.cli.output import print_event, print_result
 from worker.errors import CliError
@@ -99,6 +102,20 @@ async def run_tail_command(*, amqp_url: str, pattern: str, as_json: bool, count:
             seen += 1
             if count is not None and seen >= count:
                 break
+    return EXIT_OK
+
+
+async def run_cancel_command(
+    *, amqp_url: str, turn_id: str, reason: str, session: str | None, by: str | None
+) -> int:
+    """Publish a ``turn.cancel``; the turn's own publisher gets its result."""
+    try:
+        cancel = TurnCancel(turn_id=turn_id, session_id=session, reason=reason, by=by)
+    except ValidationError as exc:
+        raise CliError(f"invalid cancel: {exc.errors()[0]['msg']}", code=2) from None
+    async with connect(amqp_url) as client:
+        await client.cancel(cancel.turn_id, cancel.reason, session_id=cancel.session_id, by=by)
+    sys.stdout.write(f"cancel of turn {turn_id} published\n")
     return EXIT_OK
 
 

@@ -40,6 +40,7 @@ from contracts.state import (
     AgentStep,
     PendingStep,
     StepExecution,
+    StopSignal,
     ToolExecution,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest
@@ -143,7 +144,8 @@ class Loop:
                 return await self.end(state, agent, "stop", ex.last_content)
         deadline = ex.request.deadline
         if deadline is not None and self.clock() > deadline and ex.pending is None:
-            return await self.end(state, agent, "cancelled", ex.last_content)
+            late = with_execution(state, stop_signal=StopSignal(source="deadline"))
+            return await self.end(late, agent, "cancelled", ex.last_content)
         if ex.pending is not None:
             return RunAgain(await self._redispatch(state))
         index = len(ex.steps)

@@ -54,7 +54,7 @@ def turn_result(
 ) -> TurnResult:
     """The result of the turn attached to ``state``, finishing now for ``reason``."""
     ex = turn_of(state)
-    stop: StopSignal | None = ex.stop_signal if reason == "stop" else None
+    stop: StopSignal | None = ex.stop_signal if reason in ("stop", "cancelled") else None
     return TurnResult(
         turn_id=ex.turn_id,
         session_id=state.session_id,

@@ -6,7 +6,9 @@ be set and cancelled for nothing (and held, with its handle and context, by ever
 flight). Here a step registers its ``StepSession`` (``hold``) and drops it when done; one
 timer ticks every sixth of the TTL while any is held and renews, concurrently, each lease held
 for a third of its TTL or more since it was taken or last renewed — so no lease goes longer than
-half its TTL without a renewal. A renewal that fails (Redis briefly away) is tried again at the
+half its TTL without a renewal. The renewal also says whether the step's turn was cancelled
+meanwhile (``turn.cancel``): the step is then told at once, however long its model or tool
+call still runs, at no extra round trip. A renewal that fails (Redis briefly away) is tried again at the
 next tick (a renewal still in flight is not sent again); a lease found lost is logged and no
 longer renewed (the step's next save fails with
 ``StaleStateError``).
@@ -24,11 +26,23 @@ log = logging.getLogger("loopwire.leases")
 
 
 class LeaseKeeper:
-    __slots__ = ("_renewals", "_timer", "held", "interval", "lost", "renewing", "steps", "store")
+    __slots__ = (
+        "_renewals",
+        "_timer",
+        "held",
+        "interval",
+        "lost",
+        "on_cancel",
+        "renewing",
+        "steps",
+        "store",
+    )
 
     def __init__(self, store: SessionStore, *, lost: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self.lost = lost
+        self.on_cancel: dict[StepSession, Callable[[], None]] = {}
+        """Called (once) when a renewal finds the step's turn cancelled."""
         """Called when a lease is found lost (the worker counts it)."""
         self.steps: dict[StepSession, str] = {}
         """What each held lease is for (``<turn_id>#<step>``), for the log when it is lost."""
@@ -41,16 +55,23 @@ class LeaseKeeper:
         self._timer: asyncio.TimerHandle | None = None
         self._renewals: set[asyncio.Task[None]] = set()
 
-    def hold(self, handle: StepSession, step: str = "") -> None:
+    def hold(
+        self, handle: StepSession, step: str = "", cancelled: Callable[[], None] | None = None
+    ) -> None:
+        """Keep ``handle``'s lease; ``cancelled`` is called when a renewal finds its turn
+        cancelled (the step abandons what it waits for)."""
         loop = asyncio.get_running_loop()
         self.held[handle] = loop.time()
         self.steps[handle] = step
+        if cancelled is not None:
+            self.on_cancel[handle] = cancelled
         if self._timer is None:
             self._timer = loop.call_later(self.interval / 2, self._tick)
 
     def drop(self, handle: StepSession) -> None:
         self.held.pop(handle, None)
         self.steps.pop(handle, None)
+        self.on_cancel.pop(handle, None)
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -80,8 +101,11 @@ class LeaseKeeper:
             self.renewing.discard(handle)
         if handle not in self.held or handle.released:
             return  # the step ended meanwhile
-        if renewed:
+        if renewed != "lost":
             self.held[handle] = asyncio.get_running_loop().time()
+            if renewed == "cancelled" and (cancelled := self.on_cancel.pop(handle, None)):
+                log.info("turn of %s was cancelled while it ran", self.steps.get(handle))
+                cancelled()
         else:
             step = self.steps.get(handle) or "a step"
             log.warning(

@@ -18,11 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from contracts.control import TurnCancel
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
 from worker.loop.ports import StateStore
 
 AcceptStatus = Literal["start", "queued", "pending", "done"]
+CancelStatus = Literal["recorded", "again", "finished", "unknown"]
+"""What recording a cancel found: ``again`` is a copy of one recorded before (still applied:
+the first copy's worker may have died before it could)."""
+EndQueued = Literal["ended", "head", "finished"]
+"""Ending a queued turn: ``head`` when it is the session's running turn (ended under the lease
+instead)."""
+Renewal = Literal["lost", "held", "cancelled"]
+"""A lease renewal: lost, held, or held while the step's turn has a cancel recorded."""
+RENEWALS: tuple[Renewal, ...] = ("lost", "held", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +51,10 @@ class StepSession(StateStore, Protocol):
     """One step's hold on a session: the lease, the state read with it, the loop's store."""
 
     session_id: str
+    turn_id: str
+    """The turn the step is for (``""``: none named)."""
+    cancel: TurnCancel | None
+    """The turn's cancel, when one was recorded before the lease was taken."""
     token: int
     """The lease's fencing token (strictly increasing per session)."""
     released: bool
@@ -60,12 +74,27 @@ class SessionStore(Protocol):
 
     async def accept(self, request: TurnRequest) -> Accepted: ...
 
-    async def take(self, session_id: str) -> StepSession | None:
-        """Take the session's lease with its state; ``None`` when another worker holds it."""
+    async def take(self, session_id: str, turn_id: str = "") -> StepSession | None:
+        """Take the session's lease with its state and ``turn_id``'s cancel, if any; ``None``
+        when another worker holds it."""
         ...
 
-    async def renew(self, session: StepSession) -> bool:
-        """Extend the lease; ``False`` when it was lost (expired, taken over)."""
+    async def renew(self, session: StepSession) -> Renewal:
+        """Extend the lease: ``lost`` (expired, taken over), ``held``, or ``cancelled`` (held,
+        and the step's turn was cancelled meanwhile)."""
+        ...
+
+    async def session_of(self, turn_id: str) -> str | None:
+        """The session of an accepted turn."""
+        ...
+
+    async def record_cancel(self, session_id: str, cancel: TurnCancel) -> CancelStatus: ...
+
+    async def end_queued(
+        self, session_id: str, turn_id: str, result: TurnResult
+    ) -> tuple[EndQueued, tuple[str, ...]]:
+        """End a turn queued behind the running one with ``result``; with the reply queues of
+        its copies."""
         ...
 
     async def release(self, session: StepSession) -> None: ...

@@ -6,21 +6,51 @@ from __future__ import annotations
 
 from typing import Final
 
-# KEYS: lease fence state history ; ARGV: lease_ttl_ms, session_ttl_s
+# KEYS: lease fence state history controls(of the step's turn) ; ARGV: lease_ttl_ms, session_ttl_s
 BEGIN: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
 local token = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
 local state = redis.call('HMGET', KEYS[3], 'v', 's')
-return {token, state[1] or false, state[2] or false, table.concat(redis.call('LRANGE', KEYS[4], 0, -1))}
+return {token, state[1] or false, state[2] or false,
+        table.concat(redis.call('LRANGE', KEYS[4], 0, -1)), redis.call('HGET', KEYS[5], 'cancel')}
 """
 
-# KEYS: lease ; ARGV: token, ttl_ms
+# KEYS: lease controls ; ARGV: token, ttl_ms -> 0 lost, 1 held, 2 held and the turn is cancelled
 RENEW: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then return 2 end
+  return 1 end
 return 0
+"""
+
+# KEYS: turns controls ; ARGV: turn_id, cancel_blob, ttl_s
+# -> 'unknown' (never accepted), 'finished', 'recorded', or 'again' (a copy: recorded before)
+CANCEL: Final = """
+local status = redis.call('HGET', KEYS[1], ARGV[1])
+if not status then return 'unknown' end
+if status == 'done' then return 'finished' end
+local new = redis.call('HSETNX', KEYS[2], 'cancel', ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+if new == 1 then return 'recorded' end
+return 'again'
+"""
+
+# End a turn still queued behind others (it never started).
+# KEYS: turns queue requests result replies controls ; ARGV: turn_id, result_blob, ttl_s
+# -> {'head'} (it is the running turn: end it under the lease), {'finished'}, {'ended', replies}
+END_QUEUED: Final = """
+if redis.call('LINDEX', KEYS[2], 0) == ARGV[1] then return {'head'} end
+local status = redis.call('HGET', KEYS[1], ARGV[1])
+if (not status) or status == 'done' then return {'finished'} end
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], 'done')
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('SET', KEYS[4], ARGV[2], 'EX', ARGV[3])
+redis.call('DEL', KEYS[6])
+return {'ended', redis.call('HGET', KEYS[5], ARGV[1]) or ''}
 """
 
 # KEYS: lease ; ARGV: token
@@ -29,7 +59,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 
 return 0
 """
 
-# KEYS: lease state list result turns queue requests transient replies
+# KEYS: lease state list result turns queue requests transient replies controls
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
 #       n, msg...
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
@@ -51,7 +81,7 @@ if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[5], ARGV[7], 'done')
   if redis.call('LINDEX', KEYS[6], 0) == ARGV[7] then redis.call('LPOP', KEYS[6]) end
   redis.call('HDEL', KEYS[7], ARGV[7])
-  redis.call('DEL', KEYS[8])
+  redis.call('DEL', KEYS[8], KEYS[10])
   head = redis.call('LINDEX', KEYS[6], 0) or ''
   replies = redis.call('HGET', KEYS[9], ARGV[7]) or ''
   for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end

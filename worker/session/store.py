@@ -41,6 +41,7 @@ from redis.exceptions import ResponseError
 
 from contracts import keys
 from contracts.codec import decode, encode, encode_stored, read_stored
+from contracts.control import TurnCancel
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
@@ -48,7 +49,14 @@ from worker import failpoints
 from worker.errors import StaleStateError
 from worker.loop.transcript import StoredMessages
 from worker.session import scripts
-from worker.session.port import Accepted, StepSession
+from worker.session.port import (
+    RENEWALS,
+    Accepted,
+    CancelStatus,
+    EndQueued,
+    Renewal,
+    StepSession,
+)
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
 Timed = Callable[[str], AbstractContextManager[object]]
@@ -87,21 +95,29 @@ class RedisStore:
         self._release = redis.register_script(scripts.RELEASE)
         self._save = redis.register_script(scripts.SAVE)
         self._accept = redis.register_script(scripts.ACCEPT)
+        self._cancel = redis.register_script(scripts.CANCEL)
+        self._end_queued = redis.register_script(scripts.END_QUEUED)
 
     async def accept(self, request: TurnRequest) -> Accepted:
         s, t = request.session_id, request.turn_id
         with self.timed("accept"):
             now = repr(self.clock())
-            status, payload, *at = await self._accept(
-                keys=[
-                    keys.session_turns(s),
-                    keys.session_requests(s),
-                    keys.session_queue(s),
-                    keys.turn_result(s, t),
-                    keys.session_replies(s),
-                ],
-                args=[t, encode(request), self.ttl_s, request.reply_to or "", now],
-            )
+            # one round trip: the turn's session index is a key of its own (outside the
+            # session's hash tag), so it is a second command, not part of the script
+            async with self.redis.pipeline(transaction=False) as pipe:
+                await self._accept(
+                    keys=[
+                        keys.session_turns(s),
+                        keys.session_requests(s),
+                        keys.session_queue(s),
+                        keys.turn_result(s, t),
+                        keys.session_replies(s),
+                    ],
+                    args=[t, encode(request), self.ttl_s, request.reply_to or "", now],
+                    client=pipe,
+                )
+                pipe.set(keys.turn_session(t), s, ex=self.ttl_s, nx=True)
+                (status, payload, *at), _ = await pipe.execute()
         status = status.decode() if isinstance(status, bytes) else status
         if status == "done":
             return Accepted("done", result=decode(payload, TurnResult))
@@ -114,9 +130,43 @@ class RedisStore:
         value = await self.redis.hget(keys.session_replies(session_id), turn_id)
         return tuple(_bytes(value).decode().split()) if value else ()
 
-    async def take(self, session_id: str) -> SessionHandle | None:
-        """Take the session's lease and load its state and history; ``None`` when another
-        worker holds it."""
+    async def session_of(self, turn_id: str) -> str | None:
+        with self.timed("read"):
+            value = await self.redis.get(keys.turn_session(turn_id))
+        return _bytes(value).decode() if value else None
+
+    async def record_cancel(self, session_id: str, cancel: TurnCancel) -> CancelStatus:
+        with self.timed("control"):
+            status = await self._cancel(
+                keys=[
+                    keys.session_turns(session_id),
+                    keys.turn_controls(session_id, cancel.turn_id),
+                ],
+                args=[cancel.turn_id, encode(cancel), self.ttl_s],
+            )
+        return _bytes(status).decode()  # type: ignore[return-value]
+
+    async def end_queued(
+        self, session_id: str, turn_id: str, result: TurnResult
+    ) -> tuple[EndQueued, tuple[str, ...]]:
+        with self.timed("control"):
+            status, *replies = await self._end_queued(
+                keys=[
+                    keys.session_turns(session_id),
+                    keys.session_queue(session_id),
+                    keys.session_requests(session_id),
+                    keys.turn_result(session_id, turn_id),
+                    keys.session_replies(session_id),
+                    keys.turn_controls(session_id, turn_id),
+                ],
+                args=[turn_id, encode(result), self.ttl_s],
+            )
+        found = tuple(_bytes(replies[0]).decode().split()) if replies else ()
+        return _bytes(status).decode(), found  # type: ignore[return-value]
+
+    async def take(self, session_id: str, turn_id: str = "") -> SessionHandle | None:
+        """Take the session's lease and load its state and history, and whether ``turn_id``
+        was cancelled; ``None`` when another worker holds it."""
         with self.timed("lease"):
             reply = await self._begin(
                 keys=[
@@ -124,6 +174,7 @@ class RedisStore:
                     keys.session_fence(session_id),
                     keys.session_state(session_id),
                     keys.session_history(session_id),
+                    keys.turn_controls(session_id, turn_id or "_"),
                 ],
                 args=[self.lease_ms, self.ttl_s],
             )
@@ -136,16 +187,22 @@ class RedisStore:
             if reply[1] is not None:  # the version lives beside the blob
                 state = state.model_copy(update={"version": int(reply[1])})
             stored = (state.version, blob)
-        return SessionHandle(self, session_id, int(reply[0]), state, stored, [_bytes(reply[3])])
+        handle = SessionHandle(self, session_id, int(reply[0]), state, stored, [_bytes(reply[3])])
+        handle.turn_id = turn_id
+        if reply[4]:
+            handle.cancel = decode(_bytes(reply[4]), TurnCancel)
+        return handle
 
-    async def renew(self, session: StepSession) -> bool:
+    async def renew(self, session: StepSession) -> Renewal:
         with self.timed("renew"):
-            return bool(
-                await self._renew(
-                    keys=[keys.session_lease(session.session_id)],
-                    args=[session.token, self.lease_ms],
-                )
+            held = await self._renew(
+                keys=[
+                    keys.session_lease(session.session_id),
+                    keys.turn_controls(session.session_id, session.turn_id or "_"),
+                ],
+                args=[session.token, self.lease_ms],
             )
+        return RENEWALS[int(held)]
 
     async def release(self, session: StepSession) -> None:
         with self.timed("release"):
@@ -207,12 +264,14 @@ class SessionHandle:
         "_history",
         "_state",
         "_stored",
+        "cancel",
         "next_turn",
         "released",
         "replies",
         "session_id",
         "store",
         "token",
+        "turn_id",
     )
 
     def __init__(
@@ -233,6 +292,8 @@ class SessionHandle:
         self.next_turn: str | None = None
         self.replies: tuple[str, ...] = ()
         self.released = False
+        self.turn_id = ""
+        self.cancel: TurnCancel | None = None
 
     def take_state(self) -> AgentState | None:
         state, self._state = self._state, None
@@ -304,6 +365,7 @@ class SessionHandle:
                         keys.session_requests(sid),
                         keys.turn_transient(sid, turn_id or "_"),
                         keys.session_replies(sid),
+                        keys.turn_controls(sid, turn_id or "_"),
                     ],
                     args=args,
                 )

@@ -14,13 +14,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from contracts.control import TurnCancel
 from contracts.events import Event
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
-from worker.session.port import Accepted, StepSession
+from worker.session.port import Accepted, CancelStatus, EndQueued, Renewal, StepSession
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 
@@ -54,12 +55,15 @@ class MemoryStore:
         self.accepted_at: dict[str, float] = {}
         self.leases: dict[str, tuple[int, float]] = {}
         self.fences: dict[str, int] = {}
+        self.cancels: dict[tuple[str, str], TurnCancel] = {}
+        self.sessions_of: dict[str, str] = {}
 
     # -- the session port ---------------------------------------------------------------
 
     async def accept(self, request: TurnRequest) -> Accepted:
         s, t = request.session_id, request.turn_id
         turns = self.turns.setdefault(s, {})
+        self.sessions_of.setdefault(t, s)
         replies = self.replies.setdefault(s, {}).setdefault(t, [])
         if t in turns:
             result = self.results.get(t)
@@ -79,20 +83,52 @@ class MemoryStore:
             return Accepted("start", accepted_at=now)
         return Accepted("queued", ahead=len(queue) - 1, accepted_at=now)
 
-    async def take(self, session_id: str) -> MemorySession | None:
+    async def take(self, session_id: str, turn_id: str = "") -> MemorySession | None:
         held = self.leases.get(session_id)
         if held is not None and held[1] > self.clock():
             return None
         token = self.fences.get(session_id, 0) + 1
         self.fences[session_id] = token
         self.leases[session_id] = (token, self.clock() + self.lease_ttl_s)
-        return MemorySession(self, session_id, token, self.states.get(session_id))
+        session = MemorySession(self, session_id, token, self.states.get(session_id))
+        session.turn_id = turn_id
+        session.cancel = self.cancels.get((session_id, turn_id))
+        return session
 
-    async def renew(self, session: StepSession) -> bool:
+    async def renew(self, session: StepSession) -> Renewal:
         if not self._holds(session):
-            return False
+            return "lost"
         self.leases[session.session_id] = (session.token, self.clock() + self.lease_ttl_s)
-        return True
+        return "cancelled" if (session.session_id, session.turn_id) in self.cancels else "held"
+
+    async def session_of(self, turn_id: str) -> str | None:
+        return self.sessions_of.get(turn_id)
+
+    async def record_cancel(self, session_id: str, cancel: TurnCancel) -> CancelStatus:
+        status = self.turns.get(session_id, {}).get(cancel.turn_id)
+        if status is None:
+            return "unknown"
+        if status == "done":
+            return "finished"
+        if (session_id, cancel.turn_id) in self.cancels:
+            return "again"
+        self.cancels[(session_id, cancel.turn_id)] = cancel
+        return "recorded"
+
+    async def end_queued(
+        self, session_id: str, turn_id: str, result: TurnResult
+    ) -> tuple[EndQueued, tuple[str, ...]]:
+        queue = self.queues.get(session_id, [])
+        if queue and queue[0] == turn_id:
+            return "head", ()
+        if self.turns.get(session_id, {}).get(turn_id) in (None, "done"):
+            return "finished", ()
+        queue.remove(turn_id)
+        self.turns[session_id][turn_id] = "done"
+        self.requests.get(session_id, {}).pop(turn_id, None)
+        self.results[turn_id] = result
+        self.cancels.pop((session_id, turn_id), None)
+        return "ended", tuple(self.replies.get(session_id, {}).get(turn_id, ()))
 
     async def release(self, session: StepSession) -> None:
         if self._holds(session):
@@ -169,6 +205,7 @@ class MemoryStore:
                 queue.pop(0)
             self.requests.get(sid, {}).pop(t, None)
             self.transient.pop(t, None)
+            self.cancels.pop((sid, t), None)
             head = queue[0] if queue else None
         saved = state.model_copy(update={"version": state.version + 1})
         self.states[sid] = saved
@@ -183,6 +220,8 @@ class MemorySession:
     ) -> None:
         self.store = store
         self.session_id = session_id
+        self.turn_id = ""
+        self.cancel: TurnCancel | None = None
         self.token = token
         self._state = state
         self.released = False

@@ -40,6 +40,7 @@ from redis.exceptions import RedisError
 from contracts import topology as t
 from contracts.base import SAFE_ID_PATTERN
 from contracts.codec import DecodeError, decode, decode_obj, encode
+from contracts.control import TurnCancel
 from contracts.events import UNKNOWN, TurnRejected, make_event
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
@@ -149,6 +150,8 @@ class Consumer:
                     actions = await self.work.on_step(work)
             elif kind == t.KIND_START:
                 actions = await self.work.on_request(decode(message.body, TurnRequest))
+            elif kind == t.KIND_CANCEL:
+                actions = await self.work.on_cancel(decode(message.body, TurnCancel))
             else:
                 raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
             return await self._perform(actions)
