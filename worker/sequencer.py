@@ -162,8 +162,8 @@ class SessionSequencer:
 
     async def on_cancel(self, cancel: TurnCancel) -> list[Action]:
         """Record a cancel and end the turn wherever it is: one queued behind others at once;
-        the running one through a step message, whose step (or the step running now, told by
-        its lease renewal) sees the cancel under the lease."""
+        the running one by its next step (or the step running now, told by its lease renewal),
+        which sees the cancel under the lease."""
         turn_id = cancel.turn_id
         session_id = cancel.session_id or await self.store.session_of(turn_id)
         if session_id is None:
@@ -184,7 +184,9 @@ class SessionSequencer:
         if ended == "finished":
             return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
         if ended == "head":
-            return [Step(StepWork(session_id=session_id, turn_id=turn_id, step=0))]
+            # the session's running turn: its next step message (or the renewal of the step
+            # running now) finds the cancel under the lease
+            return []
         await self._emit_finished(result)
         actions: list[Action] = []
         if replies:

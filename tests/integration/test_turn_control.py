@@ -1,0 +1,128 @@
+"""Controlling turns from outside over the real broker and Redis: cancel a turn queued behind
+another, one whose model call hangs, and a cancel whose worker dies before applying it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from contracts.client import LoopwireClient, new_id
+from harness import CountingToolService, EventRecorder, WorkerProcess, write_agents
+from worker.cli.main import main as cli
+from worker.testing.scripted_model import Reply, ScriptedModel
+
+pytestmark = pytest.mark.integration
+
+
+def worker_for(tmp_path: Path, model: ScriptedModel, tools: list[str], **env: str) -> WorkerProcess:
+    agents = write_agents(tmp_path / "agents.json", tools)
+    return WorkerProcess(model_url=model.base_url, agents_file=agents, extra_env=env)
+
+
+async def test_a_turn_queued_behind_another_is_cancelled_at_once_and_never_runs(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    events: EventRecorder,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.text("first answer", delay=3.0))
+    session = new_id()
+    async with worker_for(tmp_path, scripted_model, [lookup.name]) as worker:
+        first = await client.start_turn("support", "one", session_id=session)
+        await first.accepted(20)
+        second = await client.start_turn("support", "two", session_id=session)
+        await second.accepted(20)
+        await scripted_model.wait_for_requests(1, timeout=20)
+        started = time.monotonic()
+        await second.cancel("user changed their mind", by="test")
+        cancelled = await second.result(20)
+        waited = time.monotonic() - started
+        answered = await first.result(30)
+        await first.close()
+        await second.close()
+    assert worker.errors() == []
+    assert (cancelled.finish_reason, cancelled.stopped_by) == (
+        "cancelled",
+        "user changed their mind",
+    )
+    assert cancelled.steps == 0 and cancelled.content is None
+    assert waited < 2.5, "ended at once, not after the turn ahead of it"
+    assert answered.content == "first answer"
+    assert len(scripted_model.requests) == 1, "the cancelled turn never reached the model"
+    await events.wait_for(lambda evs: any(e.type == "turn.cancelled" for e in evs))
+    types = [e.type for e in events.for_turn(second.turn_id)]
+    assert types == ["turn.accepted", "turn.cancelled"]
+
+
+async def test_a_turn_whose_model_call_hangs_is_cancelled_within_a_lease_renewal(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    events: EventRecorder,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "order 7"}), content="Checking."))
+    scripted_model.expect(Reply.text("never sent", delay=40.0))
+    async with worker_for(tmp_path, scripted_model, [lookup.name]) as worker:
+        handle = await client.start_turn("support", "where is order 7?")
+        await scripted_model.wait_for_requests(2, timeout=20)
+        started = time.monotonic()
+        # the CLI, as an operator would: only the turn id
+        code = await asyncio.to_thread(
+            cli, ["--amqp-url", client.amqp_url, "cancel", handle.turn_id, "--reason", "operator"]
+        )
+        result = await handle.result(20)
+        waited = time.monotonic() - started
+        await asyncio.sleep(1.5)  # nothing more happens for the turn
+        await handle.close()
+    assert code == 0
+    assert worker.errors() == []
+    # the test workers' lease lasts 3 s and is renewed every second
+    assert waited < 4.0, f"the hanging call was abandoned after {waited:.1f}s"
+    assert (result.finish_reason, result.stopped_by) == ("cancelled", "operator")
+    assert result.content == "Checking."
+    assert result.steps == 1
+    assert len(scripted_model.requests) == 2, "the model was not asked again"
+    assert sum(lookup.executions.values()) == 1
+    await events.wait_for(lambda evs: any(e.type == "turn.cancelled" for e in evs))
+    types = [e.type for e in events.for_turn(handle.turn_id)]
+    assert types[-1] == "turn.cancelled" and types.count("turn.cancelled") == 1
+
+
+async def test_a_cancel_whose_worker_dies_after_recording_it_is_applied_by_another(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.respond_with(lambda request: Reply.text("answer", delay=2.0))
+    session = new_id()
+    doomed = worker_for(
+        tmp_path, scripted_model, [lookup.name], LOOPWIRE_FAILPOINTS="cancel_recorded"
+    )
+    survivor = worker_for(tmp_path, scripted_model, [lookup.name])
+    await doomed.start()
+    try:
+        first = await client.start_turn("support", "one", session_id=session)
+        await first.accepted(20)
+        second = await client.start_turn("support", "two", session_id=session)
+        await second.accepted(20)
+        await client.cancel(second.turn_id, "too slow")  # no session: found from the turn id
+        assert doomed.proc is not None
+        await asyncio.to_thread(doomed.proc.wait, 20)
+        await survivor.start()
+        cancelled = await second.result(30)
+        answered = await first.result(30)
+        await first.close()
+        await second.close()
+    finally:
+        doomed.close()
+        survivor.close()
+    assert "failpoint cancel_recorded" in doomed.stderr()
+    assert (cancelled.finish_reason, cancelled.stopped_by) == ("cancelled", "too slow")
+    assert answered.content == "answer"
+    assert all("two" not in str(r["messages"]) for r in scripted_model.requests)
