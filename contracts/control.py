@@ -9,14 +9,21 @@ ends with ``finish_reason: cancelled``, ``stopped_by`` = the reason, and a
 ``turn.cancelled`` event. A copy of a cancel, or one for a finished or unknown turn, is acked
 and dropped with a reason; a malformed one is dead-lettered like a bad turn request.
 
+``turn.decision`` (body ``TurnDecision``) decides one tool call a turn waits on (a tool the
+agent's profile lists under ``approval``): ``approve`` runs it, ``edit`` runs it with the
+given arguments, ``reject`` answers the model ``{"error": "rejected by <who>: <message>"}``.
+The turn is parked meanwhile (``status: waiting``: no worker holds it); once every call of
+the step is decided, any worker resumes it. A call not decided within the agent's
+``approval_timeout_s`` is rejected. A second decision for a call is dropped.
+
 ``session_id`` may be left out: the worker finds the turn's session from its id.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from contracts.base import Contract, SafeId
 
@@ -28,3 +35,28 @@ class TurnCancel(Contract):
     reason: str = Field(default="cancelled", min_length=1, max_length=120)
     by: str | None = Field(default=None, max_length=200, description="Who asked (for the log).")
     at: float | None = Field(default=None, description="When it was asked (Unix time).")
+
+
+Verdict = Literal["approve", "reject", "edit"]
+
+
+class TurnDecision(Contract):
+    schema_version: Literal[1] = 1
+    turn_id: SafeId
+    session_id: SafeId | None = None
+    call_id: str = Field(min_length=1, max_length=128)
+    decision: Verdict
+    message: str | None = Field(
+        default=None, max_length=2000, description="For the model, with a rejection."
+    )
+    arguments: dict[str, Any] | None = Field(
+        default=None, description="With ``edit``: the arguments the call runs with instead."
+    )
+    by: str | None = Field(default=None, max_length=200, description="Who decided.")
+    at: float | None = Field(default=None, description="When (Unix time).")
+
+    @model_validator(mode="after")
+    def _edit_has_arguments(self) -> TurnDecision:
+        if (self.decision == "edit") != (self.arguments is not None):
+            raise ValueError("'arguments' is given exactly with decision 'edit'")
+        return self

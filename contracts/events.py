@@ -33,6 +33,8 @@ EventType = Literal[
     "turn.failed",
     "turn.rejected",
     "turn.cancelled",
+    "approval.requested",
+    "approval.decided",
 ]
 EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -86,6 +88,20 @@ class TurnFinished(Contract):
     result: TurnResult
 
 
+class ApprovalRequested(Contract):
+    call_id: str
+    tool: str
+    arguments: str = Field(description="As the model wrote them (redacted when the agent redacts).")
+    until: float | None = Field(default=None, description="When the call is rejected undecided.")
+
+
+class ApprovalDecided(Contract):
+    call_id: str
+    decision: Literal["approve", "reject", "edit"]
+    by: str | None = None
+    message: str | None = None
+
+
 class TurnRejected(Contract):
     reason: str = Field(max_length=2000)
     code: str = Field(max_length=64)
@@ -99,6 +115,8 @@ EventData = (
     | ToolInvoked
     | TurnFinished
     | TurnRejected
+    | ApprovalRequested
+    | ApprovalDecided
 )
 
 

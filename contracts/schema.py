@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from contracts.control import TurnCancel
+from contracts.control import TurnCancel, TurnDecision
 from contracts.events import Event
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
@@ -23,6 +23,7 @@ PUBLIC_CONTRACTS: dict[str, type[BaseModel]] = {
     "TurnRequest": TurnRequest,
     "TurnResult": TurnResult,
     "TurnCancel": TurnCancel,
+    "TurnDecision": TurnDecision,
     "Event": Event,
     "ToolDefinition": ToolDefinition,
     "ToolCallRequest": ToolCallRequest,

@@ -19,10 +19,13 @@ from typing import Any, Literal
 from pydantic import Field
 
 from contracts.base import AgentName, CallId, Contract, JsonObject, SafeId
+from contracts.control import TurnDecision
 from contracts.messages import ChatMessage, Usage
 from contracts.turns import LoopLimits, TurnRequest, TurnResult
 
-ExecutionStatus = Literal["pending", "in_progress", "completed", "stopped", "failed", "cancelled"]
+ExecutionStatus = Literal[
+    "pending", "in_progress", "waiting", "completed", "stopped", "failed", "cancelled"
+]
 ToolOutcome = Literal["ok", "error", "blocked", "unknown"]
 StepType = Literal["final_response", "tool_execution", "error"]
 
@@ -114,6 +117,11 @@ class PendingStep(Contract):
         "model's answer, one more each time the tool phase is redone.",
     )
     dispatched_at: float = Field(default=0.0, description="When the latest round went out.")
+    decisions: dict[str, TurnDecision] = Field(
+        default_factory=dict,
+        description="Decisions on the calls that needed approval, by call id (a timeout is a "
+        "rejection by 'timeout').",
+    )
 
     def result_for(self, call_id: str) -> ToolExecution | None:
         return next((r for r in self.results if r.call_id == call_id), None)
@@ -124,6 +132,15 @@ class StopSignal(Contract):
 
     source: str = Field(max_length=128)
     reason: str = Field(default="", max_length=2000)
+
+
+class Wait(Contract):
+    """What a parked turn waits for. ``approval``: decisions on ``call_ids``."""
+
+    kind: Literal["approval"]
+    call_ids: tuple[str, ...] = ()
+    since: float
+    until: float | None = Field(default=None, description="When the wait times out.")
 
 
 class ExecutionState(Contract):
@@ -140,6 +157,7 @@ class ExecutionState(Contract):
     steps: tuple[StepExecution, ...] = ()
     pending: PendingStep | None = None
     stop_signal: StopSignal | None = None
+    wait: Wait | None = Field(default=None, description="Set while the turn is parked.")
     usage: Usage = Usage()
     empty_streak: int = 0
     last_content: str | None = None

@@ -38,6 +38,8 @@ KIND_START: Final = "turn.start"
 KIND_STEP: Final = "turn.step"
 KIND_CANCEL: Final = "turn.cancel"
 """A control message (``contracts.control.TurnCancel``): end a turn wherever it is."""
+KIND_DECISION: Final = "turn.decision"
+"""A control message (``contracts.control.TurnDecision``): decide a call a turn waits on."""
 
 RETRY_QUEUE: Final = "loopwire.turns.retry"
 """Delay queue: work for a busy session (or a step to retry) waits here, then dead-letters back
@@ -51,3 +53,22 @@ CONTENT_TYPE: Final = "application/msgpack"
 H_DEAD_ID: Final = "x-loopwire-dead-id"
 """The id of a dead letter, as ``loopwire dlq list`` shows it and ``dlq replay`` takes it."""
 H_REJECTED_AT: Final = "x-loopwire-rejected-at"
+
+
+WAIT_BUCKETS_S: Final = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+"""The wait queues' delays, in seconds. A message's own TTL expires only at the head of its
+queue, so one delay queue cannot hold waits of different lengths (an hour-long wait would hold
+back every short retry behind it): each wait queue has one queue-wide TTL, and a parked turn's
+timeout message hops through them (the longest delay that does not pass its time, again on
+arrival until it is due) on its way back to ``loopwire.turns``."""
+
+
+def wait_queue(seconds: int) -> str:
+    """The wait queue of one delay: ``loopwire.turns.wait.<seconds>``."""
+    return f"loopwire.turns.wait.{seconds}"
+
+
+def wait_bucket(remaining_s: float) -> int:
+    """The longest wait-queue delay that does not pass ``remaining_s`` (the shortest if none)."""
+    fitting = [b for b in WAIT_BUCKETS_S if b <= remaining_s]
+    return fitting[-1] if fitting else WAIT_BUCKETS_S[0]

@@ -3,7 +3,8 @@
 Publishers send ``TurnRequest`` bodies (header ``x-loopwire-kind`` absent or
 ``turn.start``). Workers send themselves ``StepWork`` (``x-loopwire-kind:
 turn.step``): "run step ``step`` of turn ``turn_id`` of session ``session_id``".
-A step message for a step that already ran is a harmless duplicate.
+A step message for a step that already ran is a harmless duplicate. A parked turn's timeout
+is a step message with ``wait_until`` set, sent through the delay queue.
 """
 
 from __future__ import annotations
@@ -20,3 +21,8 @@ class StepWork(Contract):
     session_id: SafeId
     turn_id: SafeId
     step: int = Field(ge=0, le=10_000)
+    wait_until: float | None = Field(
+        default=None,
+        description="Set on a parked turn's timeout message (sent through the delay queue): "
+        "the time its wait ends.",
+    )

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from contracts.control import TurnCancel
+from contracts.control import TurnCancel, TurnDecision
 from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
 from contracts.state import AgentState, ExecutionState, StopSignal
 from contracts.turns import TurnError, TurnRequest, TurnResult
@@ -33,12 +33,17 @@ from contracts.work import StepWork
 from worker import failpoints
 from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import PermanentError
-from worker.loop import EventSink, Finished, Loop, StepOutcome, new_execution
-from worker.loop.turn import turn_result, with_execution
+from worker.loop import EventSink, Finished, Loop, StepOutcome, Waiting, new_execution
+from worker.loop.approvals import timed_out, with_decisions
+from worker.loop.turn import turn_of, turn_result, with_execution
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
 
 log = logging.getLogger("loopwire.sequencer")
+
+WAIT_EARLY_S = 1.0
+"""A timeout message back this little before its time counts as due (the workers' clocks
+differ a little; the wait queues' delays are whole seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,14 @@ class Busy:
 
 
 @dataclass(frozen=True, slots=True)
+class Delay:
+    """Send this step message (a parked turn's timeout) through the wait queues: it comes
+    back at ``work.wait_until``."""
+
+    work: StepWork
+
+
+@dataclass(frozen=True, slots=True)
 class Drop:
     """Nothing to do (a duplicate or stale message): ack it."""
 
@@ -71,7 +84,7 @@ class Drop:
     ``missing_request``."""
 
 
-Action = Step | Reply | Busy | Drop
+Action = Step | Reply | Busy | Drop | Delay
 LoopFactory = Callable[[StepSession, AgentProfile], Loop]
 Deliver = Callable[[TurnResult], Awaitable[TurnResult]]
 
@@ -131,6 +144,24 @@ class SessionSequencer:
             return [_first_step(request.session_id, request.turn_id)]
         return []
 
+    async def on_decision(self, decision: TurnDecision) -> list[Action]:
+        """Record a decision on a call a turn waits on; a parked turn's step is published, and
+        applies every decision recorded so far under the lease."""
+        turn_id = decision.turn_id
+        session_id = decision.session_id or await self.store.session_of(turn_id)
+        if session_id is None:
+            return [Drop(f"decision for unknown turn {turn_id}", "unknown_turn")]
+        field = f"decision:{decision.call_id}"
+        recorded = await self.store.record_control(session_id, turn_id, field, decision)
+        if recorded.status == "unknown":
+            return [Drop(f"decision for unknown turn {turn_id}", "unknown_turn")]
+        if recorded.status == "finished":
+            return [Drop(f"decision for finished turn {turn_id}", "finished_turn")]
+        failpoints.hit("decision_recorded")
+        if recorded.status == "again" and recorded.parked is None:
+            return [Drop(f"second decision on call {decision.call_id}", "duplicate")]
+        return _wake(session_id, turn_id, recorded.parked)
+
     async def on_step(self, work: StepWork) -> list[Action]:
         session = await self.store.take(work.session_id, work.turn_id)
         if session is None:
@@ -168,10 +199,10 @@ class SessionSequencer:
         session_id = cancel.session_id or await self.store.session_of(turn_id)
         if session_id is None:
             return [Drop(f"cancel for unknown turn {turn_id}", "unknown_turn")]
-        recorded = await self.store.record_cancel(session_id, cancel)
-        if recorded == "unknown":
+        recorded = await self.store.record_control(session_id, turn_id, "cancel", cancel)
+        if recorded.status == "unknown":
             return [Drop(f"cancel for unknown turn {turn_id}", "unknown_turn")]
-        if recorded == "finished":
+        if recorded.status == "finished":
             return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
         failpoints.hit("cancel_recorded")
         request = await self.store.request(session_id, turn_id)
@@ -185,8 +216,9 @@ class SessionSequencer:
             return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
         if ended == "head":
             # the session's running turn: its next step message (or the renewal of the step
-            # running now) finds the cancel under the lease
-            return []
+            # running now) finds the cancel under the lease; a parked one has none, so the
+            # step it is parked at is published
+            return _wake(session_id, turn_id, recorded.parked)
         await self._emit_finished(result)
         actions: list[Action] = []
         if replies:
@@ -202,6 +234,8 @@ class SessionSequencer:
         outcome = await ready.stepping
         if isinstance(outcome, Finished):
             return await self._finished(outcome, ready.request, session)
+        if isinstance(outcome, Waiting):
+            return self._waiting(outcome, work, session)
         next_ex = outcome.state.execution
         assert next_ex is not None
         failpoints.hit("step_saved")
@@ -229,7 +263,12 @@ class SessionSequencer:
             # not saved here: the turn's first save (its input) writes it
             state = new_execution(state, request, self.profile(request.agent), self.clock())
         elif ex.turn_id != work.turn_id or work.step != len(ex.steps):
-            if ex.turn_id == work.turn_id and ex.pending is None and work.step == len(ex.steps) - 1:
+            if (
+                ex.turn_id == work.turn_id
+                and ex.pending is None
+                and work.step == len(ex.steps) - 1
+                and work.wait_until is None
+            ):
                 # This step was saved, but the worker may have died before publishing the next
                 # one: publish it again (a duplicate of it is dropped as stale).
                 return [Step(work.model_copy(update={"step": work.step + 1}))]
@@ -237,8 +276,42 @@ class SessionSequencer:
         else:
             assert state is not None  # it has a turn attached
             request = ex.request
+            if ex.status == "waiting":
+                woken = self._wake_parked(state, session, work)
+                if isinstance(woken, list):
+                    return woken
+                state = woken
         profile = self.profile(request.agent)
         return _Stepping(self.loop_factory(session, profile).step(state, profile), request)
+
+    def _wake_parked(
+        self, state: AgentState, session: StepSession, work: StepWork
+    ) -> AgentState | list[Action]:
+        """A step message for a parked turn: the decisions recorded so far go into its state,
+        and its own timeout message, when due, rejects what is still undecided."""
+        ex = turn_of(state)
+        wait = ex.wait
+        assert wait is not None
+        woken = with_decisions(state, session.decisions)
+        if work.wait_until is not None:
+            if work.wait_until != wait.until:
+                return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
+            now = self.clock()
+            if now < work.wait_until - WAIT_EARLY_S:  # one hop of several: on to the next
+                return [Delay(work)]
+            return timed_out(woken, now)
+        return woken
+
+    def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:
+        """The turn is parked: its timeout message goes out (again, when a step message finds
+        it still waiting: the worker that parked it may have died before sending it; copies
+        are harmless), and control messages recorded while it parked wake it at once."""
+        actions: list[Action] = []
+        if outcome.until is not None:
+            actions.append(Delay(work.model_copy(update={"wait_until": outcome.until})))
+        if session.controls_waiting:
+            actions.append(Step(work.model_copy(update={"wait_until": None})))
+        return actions
 
     async def _runs(self, ex: ExecutionState | None, work: StepWork) -> bool:
         """Whether ``work``'s turn is the session's running one (its head, started or not)."""
@@ -309,7 +382,7 @@ class SessionSequencer:
         """A step message for a turn that is not running: a duplicate, or the redelivered last
         step of a finished turn whose effects (reply, event, next kick) may not have gone out."""
         result = await self.store.result(work.session_id, work.turn_id)
-        if result is None or work.step < max(result.steps - 1, 0):
+        if result is None or work.step < max(result.steps - 1, 0) or work.wait_until is not None:
             return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
         replies = await self.store.reply_to(work.session_id, work.turn_id)
         await self._emit_finished(result)
@@ -364,6 +437,14 @@ def _cancelled(state: AgentState, cancel: TurnCancel) -> AgentState:
     """The turn marked as stopped by its cancel: ``stopped_by`` is the cancel's reason."""
     by = f"cancelled by {cancel.by}" if cancel.by else "cancelled"
     return with_execution(state, stop_signal=StopSignal(source=cancel.reason, reason=by))
+
+
+def _wake(session_id: str, turn_id: str, parked: int | None) -> list[Action]:
+    """The step message that applies a control message to a parked turn (none for a turn that
+    is not parked: its next step, or the step running now, sees it)."""
+    if parked is None:
+        return []
+    return [Step(StepWork(session_id=session_id, turn_id=turn_id, step=parked))]
 
 
 def _first_step(session_id: str, turn_id: str) -> Step:

@@ -10,12 +10,14 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from contracts.control import TurnCancel
-from contracts.messages import ChatMessage
+from contracts.control import TurnCancel, TurnDecision
+from contracts.messages import ChatMessage, ToolCall
+from contracts.state import ModelResponse, PendingStep
 from contracts.turns import InputMessage, TurnError, TurnRequest
 from worker.agents import AgentProfile
 from worker.errors import StaleStateError
-from worker.loop.turn import closed, new_execution, turn_result
+from worker.loop.approvals import parked
+from worker.loop.turn import closed, new_execution, turn_result, with_execution
 from worker.session.port import SessionStore, StepSession
 from worker.session.store import RedisStore
 from worker.testing.memory import MemoryStore
@@ -204,24 +206,33 @@ def cancel_of(request: TurnRequest, reason: str = "user left") -> TurnCancel:
     return TurnCancel(turn_id=request.turn_id, session_id=request.session_id, reason=reason)
 
 
+async def record_cancel(
+    store: SessionStore, request: TurnRequest, reason: str = "user left"
+) -> str:
+    recorded = await store.record_control(
+        request.session_id, request.turn_id, "cancel", cancel_of(request, reason)
+    )
+    return recorded.status
+
+
 async def test_a_cancel_is_recorded_once_and_read_with_the_lease_and_the_renewal(
     store: SessionStore, uid: str
 ) -> None:
     first = turn(uid, 1)
-    assert await store.record_cancel(first.session_id, cancel_of(first)) == "unknown"
+    assert await record_cancel(store, first) == "unknown"
     await store.accept(first)
     assert await store.session_of(first.turn_id) == first.session_id
     assert await store.session_of(f"t-{uid}-none") is None
     plain = await store.take(first.session_id, first.turn_id)
     assert plain is not None and plain.cancel is None
-    assert await store.record_cancel(first.session_id, cancel_of(first)) == "recorded"
+    assert await record_cancel(store, first) == "recorded"
     assert await store.renew(plain) == "cancelled"  # a step running now is told
     await store.release(plain)
-    assert await store.record_cancel(first.session_id, cancel_of(first, "again")) == "again"
+    assert await record_cancel(store, first, "again") == "again"
     session = await store.take(first.session_id, first.turn_id)
     assert session is not None and session.cancel == cancel_of(first)  # the first one counts
     await finish(session, first)
-    assert await store.record_cancel(first.session_id, cancel_of(first)) == "finished"
+    assert await record_cancel(store, first) == "finished"
     # the turn's controls went with it: the session's next turn is not cancelled
     second = turn(uid, 2)
     await store.accept(second)
@@ -251,3 +262,39 @@ async def test_a_queued_turn_is_ended_in_place_and_the_running_one_is_not(
     session = await take(store, running.session_id)
     await finish(session, running)
     assert session.next_turn == last.turn_id  # the ended turn is no longer in the queue
+
+
+async def test_a_parked_turn_is_found_by_its_controls_until_it_goes_on(
+    store: SessionStore, uid: str
+) -> None:
+    request = turn(uid)
+    await store.accept(request)
+    session = await take(store, request.session_id)
+    session.turn_id = request.turn_id
+    state = new_execution(session.take_state(), request, AGENT, time.time())
+    state = await session.save(state, append=[m.to_chat() for m in request.input])
+    call = ToolCall(id="call_1", name="refund", arguments="{}")
+    answer = ModelResponse(message=ChatMessage(role="assistant", tool_calls=(call,)))
+    pending = PendingStep(index=0, started_at=time.time(), response=answer)
+    state = await session.save(with_execution(state, pending=pending))
+    decision = TurnDecision(turn_id=request.turn_id, call_id="call_1", decision="approve")
+    early = await store.record_control(
+        request.session_id, request.turn_id, "decision:call_1", decision
+    )
+    assert (early.status, early.parked) == ("recorded", None)  # not parked yet
+
+    state = await session.save(parked(state, ("call_1",), time.time(), 60), release=True)
+    assert session.controls_waiting, "a decision recorded while it parked wakes it at once"
+    again = await store.record_control(
+        request.session_id, request.turn_id, "decision:call_1", decision
+    )
+    assert (again.status, again.parked) == ("again", 0)
+    resumed = await store.take(request.session_id, request.turn_id)
+    assert resumed is not None
+    assert resumed.parked == 0 and resumed.decisions == {"call_1": decision}
+    state = resumed.take_state() or state
+    await resumed.save(with_execution(state, status="in_progress", wait=None), release=True)
+    later = await store.record_control(
+        request.session_id, request.turn_id, "decision:call_2", decision
+    )
+    assert (later.status, later.parked) == ("recorded", None)

@@ -33,6 +33,8 @@ from contracts.codec import (
 )
 from contracts.events import (
     EVENT_TYPES,
+    ApprovalDecided,
+    ApprovalRequested,
     Event,
     EventData,
     StepCompleted,
@@ -667,6 +669,12 @@ EVENT_DATA: dict[str, EventData] = {
         )
     ),
     "turn.rejected": TurnRejected(reason="agent 'nobody' is not configured", code="unknown_agent"),
+    "approval.requested": ApprovalRequested(
+        call_id="call_1", tool="refund", arguments='{"amount": 20}', until=1_700_003_600.0
+    ),
+    "approval.decided": ApprovalDecided(
+        call_id="call_1", decision="reject", by="maria", message="over the limit"
+    ),
 }
 
 

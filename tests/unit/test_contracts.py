@@ -23,6 +23,8 @@ from contracts.events import (
     EVENT_SOURCE,
     EVENT_TYPES,
     UNKNOWN,
+    ApprovalDecided,
+    ApprovalRequested,
     Event,
     EventData,
     StepCompleted,
@@ -105,6 +107,8 @@ EVENT_DATA: dict[str, EventData] = {
     ),
     "turn.cancelled": TurnFinished(result=result(finish_reason="cancelled", stopped_by="user")),
     "turn.rejected": TurnRejected(reason="bad", code="malformed"),
+    "approval.requested": ApprovalRequested(call_id="c1", tool="refund", arguments="{}"),
+    "approval.decided": ApprovalDecided(call_id="c1", decision="approve", by="maria"),
 }
 
 

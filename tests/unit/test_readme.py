@@ -63,6 +63,8 @@ def test_every_setting_is_documented(name: str) -> None:
         topology.KIND_START,
         topology.KIND_STEP,
         topology.KIND_CANCEL,
+        topology.KIND_DECISION,
+        "loopwire.turns.wait.<seconds>",
         topology.CONTENT_TYPE,
         *EVENT_TYPES,
         *PUBLIC_CONTRACTS,

@@ -6,22 +6,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import pytest
 
 from contracts.codec import encode
-from contracts.control import TurnCancel
+from contracts.control import TurnCancel, TurnDecision
 from contracts.events import TurnFinished
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from contracts.work import StepWork
+from worker.agents import AgentProfile
 from worker.loop import Hook, HookContext
 from worker.loop.ports import LoopObserver, ModelRequest
-from worker.sequencer import Busy, Drop, Reply, SessionSequencer, Step
+from worker.sequencer import Busy, Delay, Drop, Reply, SessionSequencer, Step
 from worker.testing.broker import ScriptedAnswers
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore
 from worker.testing.sequencing import sequencer_over
@@ -95,8 +97,7 @@ class Rig:
         return True
 
 
-@pytest.fixture
-def rig() -> Iterator[Rig]:
+def make_rig(agent: AgentProfile | str = "support") -> Rig:
     store = MemoryStore()
     model = ScriptedAnswers()
     tools = FunctionTools({"lookup": lookup})
@@ -112,9 +113,16 @@ def rig() -> Iterator[Rig]:
         events=events,
         hooks=hook,
         observer=observer,
+        agents=[agent],
     )
-    yield Rig(store, model, tools, events, hook, observer, sequencer)
-    model.assert_done()
+    return Rig(store, model, tools, events, hook, observer, sequencer)
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    made = make_rig()
+    yield made
+    made.model.assert_done()
 
 
 def request(turn_id: str = "t1", *, reply_to: str | None = REPLIES) -> TurnRequest:
@@ -505,3 +513,151 @@ async def test_cancel_reaches_a_step_waiting_on_the_model_through_its_lease_rene
     )
     assert model.calls == 1
     assert [e.type for e in events.events][-1] == "turn.cancelled"
+
+
+# -- approval ---------------------------------------------------------------------------------
+
+
+def approving_rig(timeout_s: float = 3600.0) -> Rig:
+    return make_rig(
+        AgentProfile(name="support", approval=("lookup",), approval_timeout_s=timeout_s)
+    )
+
+
+def decide(call_id: str = "call_1", verdict: str = "approve", **fields: Any) -> TurnDecision:
+    return TurnDecision(
+        turn_id="t1", session_id=SESSION, call_id=call_id, decision=verdict, by="maria", **fields
+    )  # type: ignore[arg-type]
+
+
+def two_lookups() -> ModelResponse:
+    calls = tuple(
+        ToolCall(id=f"call_{n}", name="lookup", arguments=json.dumps({"q": str(n)})) for n in (1, 2)
+    )
+    return ModelResponse(
+        message=ChatMessage(role="assistant", content=None, tool_calls=calls),
+        finish_reason="tool_calls",
+    )
+
+
+def tool_answers(rig: Rig) -> list[str]:
+    """What the model was told by the tools, in its last request."""
+    return [m.content or "" for m in rig.model.requests[-1].messages if m.role == "tool"]
+
+
+async def parked_turn(rig: Rig, response: ModelResponse | None = None) -> list[Any]:
+    rig.script(response or calls_lookup("Let me look."))
+    await rig.sequencer.on_request(request("t1"))
+    return await rig.sequencer.on_step(work("t1", 0))
+
+
+async def test_a_call_that_needs_approval_parks_the_turn_holding_nothing() -> None:
+    rig = approving_rig()
+    actions = await parked_turn(rig)
+
+    [delay] = actions
+    assert isinstance(delay, Delay) and delay.work.wait_until is not None
+    assert delay.work.wait_until == pytest.approx(time.time() + 3600, abs=5)
+    assert rig.tools.calls == []
+    state = rig.store.states[SESSION]
+    assert state.execution is not None and state.execution.status == "waiting"
+    assert await rig.lease_is_free()
+    [requested] = [e for e in rig.events.events if e.type == "approval.requested"]
+    assert requested.data.call_id == "call_1" and requested.data.tool == "lookup"  # type: ignore[union-attr]
+    # a step message for it with nothing new leaves it parked (and announced again, the same)
+    again = await rig.sequencer.on_step(work("t1", 0))
+    assert [type(a) for a in again] == [Delay]
+    assert [e.id for e in rig.events.events if e.type == "approval.requested"] == [requested.id] * 2
+
+
+@pytest.mark.parametrize(
+    ("verdict", "fields", "seen", "ran"),
+    [
+        ("approve", {}, "order 42: shipped", ["42"]),
+        ("edit", {"arguments": {"q": "43"}}, "order 43: shipped", ["43"]),
+        ("reject", {"message": "not that one"}, "rejected by maria: not that one", []),
+    ],
+)
+async def test_a_decision_resumes_the_parked_turn(
+    verdict: str, fields: dict[str, Any], seen: str, ran: list[str]
+) -> None:
+    rig = approving_rig()
+    await parked_turn(rig)
+    rig.script(answers("Here you are."))
+
+    assert await rig.sequencer.on_decision(decide("call_1", verdict, **fields)) == [kick("t1")]
+    assert await rig.sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
+    ended = await rig.sequencer.on_step(work("t1", 1))
+
+    assert [c.arguments["q"] for c in rig.tools.calls] == ran
+    assert seen in tool_answers(rig)[0]
+    assert any(isinstance(a, Reply) and a.result.content == "Here you are." for a in ended)
+    [decided] = [e for e in rig.events.events if e.type == "approval.decided"]
+    assert decided.data.decision == verdict  # type: ignore[union-attr]
+    # the decision is not applied twice, and a second one is dropped
+    assert codes(await rig.sequencer.on_decision(decide("call_1"))) == ["finished_turn"]
+
+
+async def test_calls_of_one_step_wait_together_and_are_decided_one_by_one() -> None:
+    rig = approving_rig()
+    await parked_turn(rig, two_lookups())
+
+    assert await rig.sequencer.on_decision(decide("call_2")) == [kick("t1")]
+    still = await rig.sequencer.on_step(work("t1", 0))
+    assert [type(a) for a in still] == [Delay] and rig.tools.calls == []
+    assert codes(await rig.sequencer.on_decision(decide("call_2", "reject"))) == []  # kicks again
+    assert await rig.sequencer.on_decision(decide("call_1", "reject", message="no")) == [kick("t1")]
+    rig.script(answers("One of two."))
+    assert await rig.sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
+    await rig.sequencer.on_step(work("t1", 1))
+
+    assert [c.arguments["q"] for c in rig.tools.calls] == ["2"], "the first decision counts"
+    assert "rejected by maria: no" in tool_answers(rig)[0]
+
+
+async def test_an_undecided_call_is_rejected_when_the_wait_times_out() -> None:
+    rig = approving_rig(timeout_s=1.5)  # due from 0.5 s on (WAIT_EARLY_S)
+    [delay] = await parked_turn(rig)
+    assert isinstance(delay, Delay)
+    rig.script(answers("Nobody answered."))
+
+    assert await rig.sequencer.on_step(delay.work) == [Delay(delay.work)]  # back early: on
+    await asyncio.sleep(0.6)
+    assert await rig.sequencer.on_step(delay.work) == [kick("t1", 1)]
+    await rig.sequencer.on_step(work("t1", 1))
+
+    assert rig.tools.calls == []
+    assert "rejected by timeout: no decision within" in tool_answers(rig)[0]
+    # a copy of the timeout message, later, finds the turn over
+    assert codes(await rig.sequencer.on_step(delay.work)) == ["stale_step"]
+
+
+async def test_a_decision_recorded_while_the_step_parks_wakes_it_at_once() -> None:
+    rig = approving_rig()
+    rig.script(calls_lookup())
+    await rig.sequencer.on_request(request("t1"))
+    # decided before the turn parked (the step that parks it is still running): no step to kick
+    assert await rig.sequencer.on_decision(decide("call_1")) == []
+
+    actions = await rig.sequencer.on_step(work("t1", 0))
+
+    assert Step(work("t1", 0)) in actions
+    rig.script(answers("Done."))
+    assert await rig.sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
+    assert len(rig.tools.calls) == 1
+
+
+async def test_a_cancel_ends_a_parked_turn_at_once() -> None:
+    rig = approving_rig()
+    [delay] = await parked_turn(rig)
+
+    assert await rig.sequencer.on_cancel(cancel("t1")) == [kick("t1")]
+    ended = await rig.sequencer.on_step(work("t1", 0))
+
+    result = replied(ended)
+    assert (result.finish_reason, result.content) == ("cancelled", "Let me look.")
+    assert rig.tools.calls == []
+    history = rig.store.histories[SESSION]
+    assert [m.role for m in history] == ["user", "assistant", "tool"]  # the call got its answer
+    assert isinstance(delay, Delay)
+    assert codes(await rig.sequencer.on_step(delay.work)) == ["stale_step"]

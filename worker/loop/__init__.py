@@ -2,7 +2,7 @@
 
 from worker.loop.engine import Loop
 from worker.loop.hooks import Blocked, Hook, HookContext, Hooks, ToolInvocation
-from worker.loop.outcomes import Finished, RunAgain, StepOutcome
+from worker.loop.outcomes import Finished, RunAgain, StepOutcome, Waiting
 from worker.loop.ports import (
     EventSink,
     Model,
@@ -33,5 +33,6 @@ __all__ = [
     "ToolCaller",
     "ToolCatalog",
     "ToolInvocation",
+    "Waiting",
     "new_execution",
 ]

@@ -28,6 +28,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from contracts.events import (
+    ApprovalDecided,
+    ApprovalRequested,
     EventData,
     EventType,
     TurnFinished,
@@ -46,9 +48,10 @@ from contracts.state import (
 from contracts.turns import FinishReason, TurnError, TurnRequest
 from worker.errors import ModelError
 from worker.loop.announce import announce, announce_step
+from worker.loop.approvals import parked, undecided
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext
-from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome
+from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome, Waiting
 from worker.loop.ports import (
     EventSink,
     LoopObserver,
@@ -120,6 +123,8 @@ class Loop:
             outcome = await self.step(current, agent)
             if isinstance(outcome, Finished):
                 return outcome
+            if isinstance(outcome, Waiting):
+                raise RuntimeError("the turn waits for approval: only workers can resume it")
             current = outcome.state
 
     async def _step(self, ready: Awaitable[Phase], agent: AgentSpec) -> StepOutcome:
@@ -128,8 +133,67 @@ class Loop:
             phase = await self._after_model(phase, agent)
         if isinstance(phase, Finished):
             return phase
-        state, unsaved = await self.tools.run_pending(phase.state, agent, self.catalog, self.store)
+        state = phase.state
+        ex = turn_of(state)
+        if ex.pending is not None and ex.stop_signal is None:
+            waiting = undecided(ex.pending, agent)
+            if waiting:
+                return await self._park(state, agent, waiting)
+            if ex.status == "waiting":
+                state = await self._resume(state)
+        state, unsaved = await self.tools.run_pending(state, agent, self.catalog, self.store)
         return await self._complete_step(state, agent, unsaved)
+
+    async def _park(self, state: AgentState, agent: AgentSpec, waiting: tuple[str, ...]) -> Waiting:
+        """Park the turn until its calls in ``waiting`` are decided: saved as waiting (the
+        lease let go), then ``approval.requested`` for each call. A turn parked already is
+        announced again as it was (the same events): the worker that parked it may have died
+        before it could announce."""
+        if turn_of(state).status != "waiting":
+            state = await self._save(
+                parked(state, waiting, self.clock(), agent.approval_timeout_s), release=True
+            )
+        ex = turn_of(state)
+        assert ex.wait is not None and ex.pending is not None and ex.pending.response is not None
+        calls = {c.id: c for c in ex.pending.response.message.tool_calls}
+        for call_id in waiting:
+            call = calls[call_id]
+            await self._emit(
+                "approval.requested",
+                ApprovalRequested(
+                    call_id=call_id, tool=call.name, arguments=call.arguments, until=ex.wait.until
+                ),
+                state,
+                step=ex.pending.index,
+                call_id=call_id,
+                at=ex.wait.since,
+            )
+        return Waiting(state, ex.wait.until)
+
+    async def _resume(self, state: AgentState) -> AgentState:
+        """Every call the turn waited on is decided: it goes on (saved as running again), with
+        ``approval.decided`` for each decision."""
+        ex = turn_of(state)
+        assert ex.pending is not None
+        pending = ex.pending.model_copy(update={"dispatched_at": self.clock()})
+        state = await self._save(
+            with_execution(state, status="in_progress", wait=None, pending=pending)
+        )
+        for call_id, decision in pending.decisions.items():
+            await self._emit(
+                "approval.decided",
+                ApprovalDecided(
+                    call_id=call_id,
+                    decision=decision.decision,
+                    by=decision.by,
+                    message=decision.message,
+                ),
+                state,
+                step=pending.index,
+                call_id=call_id,
+                at=decision.at,
+            )
+        return state
 
     # -- phases ---------------------------------------------------------------
 
@@ -147,6 +211,8 @@ class Loop:
             late = with_execution(state, stop_signal=StopSignal(source="deadline"))
             return await self.end(late, agent, "cancelled", ex.last_content)
         if ex.pending is not None:
+            if ex.status == "waiting":
+                return RunAgain(state)  # parked: the approval gate decides what happens
             return RunAgain(await self._redispatch(state))
         index = len(ex.steps)
         ctx = HookContext(state=state, agent=agent, step=index)

@@ -26,7 +26,16 @@ class Finished:
     result: TurnResult
 
 
-StepOutcome = RunAgain | Finished
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """The turn is parked (``status: waiting``): nothing runs until a control message, or the
+    wait's timeout at ``until``, resumes it."""
+
+    state: AgentState
+    until: float | None
+
+
+StepOutcome = RunAgain | Finished | Waiting
 
 
 @dataclass(frozen=True, slots=True)

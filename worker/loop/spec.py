@@ -22,6 +22,20 @@ class AgentSpec(Contract):
         default=("*",), description="Tool names the agent may use; '*' allows every announced tool."
     )
     limits: LoopLimits = LoopLimits()
+    approval: tuple[str, ...] = Field(
+        default=(),
+        description="Tools whose calls wait for a human's decision ('*': every tool); the turn "
+        "parks meanwhile, holding no worker.",
+    )
+    approval_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        le=30 * 24 * 3600,
+        description="A call undecided this long is rejected.",
+    )
 
     def allows(self, tool: str) -> bool:
         return "*" in self.tools or tool in self.tools
+
+    def needs_approval(self, tool: str) -> bool:
+        return "*" in self.approval or tool in self.approval

@@ -17,7 +17,14 @@ from typing import Any, NamedTuple, Protocol
 
 from contracts.events import EventData, EventType, ToolInvoked, ToolInvoking
 from contracts.messages import ToolCall
-from contracts.state import AgentState, ExecutionState, ModelResponse, ToolExecution, ToolOutcome
+from contracts.state import (
+    AgentState,
+    ExecutionState,
+    ModelResponse,
+    PendingStep,
+    ToolExecution,
+    ToolOutcome,
+)
 from contracts.tools import (
     ToolCallReply,
     ToolCallRequest,
@@ -72,6 +79,32 @@ class _Failed(NamedTuple):
 
     error: str
     outcome: ToolCallOutcome
+
+
+class _Refused(NamedTuple):
+    """A call that does not go out: its outcome, the error for the model, its arguments."""
+
+    outcome: ToolOutcome
+    error: str
+    given: dict[str, Any] | None = None
+
+
+def _arguments(call: ToolCall, pending: PendingStep | None) -> dict[str, Any] | _Refused:
+    """The arguments the call runs with (a reviewer's edit, if any), or why it does not run:
+    arguments that are not a JSON object, or a reviewer's rejection."""
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except ValueError as exc:
+        return _Refused("error", f"arguments are not valid JSON: {exc}")
+    if not isinstance(arguments, dict):
+        return _Refused("error", "arguments must be a JSON object")
+    verdict = pending.decisions.get(call.id) if pending is not None else None
+    if verdict is None:
+        return arguments
+    if verdict.decision == "reject":
+        who, why = verdict.by or "a reviewer", verdict.message or "no reason given"
+        return _Refused("blocked", f"rejected by {who}: {why}", arguments)
+    return dict(verdict.arguments) if verdict.arguments is not None else arguments
 
 
 class ToolPhase(NamedTuple):
@@ -213,13 +246,9 @@ class ToolRunner:
         if definition is None:
             rejected = finish("error", error=f"unknown tool: {call.name!r}")
             return await self._after(ctx, rejected, ex), {}, None
-        try:
-            arguments = json.loads(call.arguments or "{}")
-        except ValueError as exc:
-            rejected = finish("error", error=f"arguments are not valid JSON: {exc}")
-            return await self._after(ctx, rejected, ex), {}, None
-        if not isinstance(arguments, dict):
-            rejected = finish("error", error="arguments must be a JSON object")
+        arguments = _arguments(call, pending)
+        if isinstance(arguments, _Refused):
+            rejected = finish(arguments.outcome, error=arguments.error, arguments=arguments.given)
             return await self._after(ctx, rejected, ex), {}, None
         decision = await self.hooks.before_tool(ctx, ToolInvocation(call.id, call.name, arguments))
         if isinstance(decision, Blocked):

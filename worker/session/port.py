@@ -18,15 +18,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from contracts.control import TurnCancel
+from contracts.base import Contract
+from contracts.control import TurnCancel, TurnDecision
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
 from worker.loop.ports import StateStore
 
 AcceptStatus = Literal["start", "queued", "pending", "done"]
-CancelStatus = Literal["recorded", "again", "finished", "unknown"]
-"""What recording a cancel found: ``again`` is a copy of one recorded before (still applied:
-the first copy's worker may have died before it could)."""
+ControlStatus = Literal["recorded", "again", "finished", "unknown"]
+"""What recording a control message found: ``again`` is a copy of one recorded before (still
+applied: the first copy's worker may have died before it could)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A control message recorded: its status, and the step its turn is parked at (if it is:
+    the recorder then publishes that step, which applies what was recorded)."""
+
+    status: ControlStatus
+    parked: int | None = None
+
+
 EndQueued = Literal["ended", "head", "finished"]
 """Ending a queued turn: ``head`` when it is the session's running turn (ended under the lease
 instead)."""
@@ -55,6 +67,12 @@ class StepSession(StateStore, Protocol):
     """The turn the step is for (``""``: none named)."""
     cancel: TurnCancel | None
     """The turn's cancel, when one was recorded before the lease was taken."""
+    decisions: dict[str, TurnDecision]
+    """Decisions recorded for the turn's calls that wait for approval, by call id."""
+    parked: int | None
+    """The step the turn is parked at, if it is."""
+    controls_waiting: bool
+    """After a save that parked the turn: control messages were recorded for it already."""
     token: int
     """The lease's fencing token (strictly increasing per session)."""
     released: bool
@@ -88,7 +106,12 @@ class SessionStore(Protocol):
         """The session of an accepted turn."""
         ...
 
-    async def record_cancel(self, session_id: str, cancel: TurnCancel) -> CancelStatus: ...
+    async def record_control(
+        self, session_id: str, turn_id: str, field: str, control: Contract
+    ) -> Recorded:
+        """Record a control message of a turn once under ``field`` (``cancel``,
+        ``decision:<call id>``); read back by ``take`` with the lease."""
+        ...
 
     async def end_queued(
         self, session_id: str, turn_id: str, result: TurnResult

@@ -14,7 +14,7 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
 local state = redis.call('HMGET', KEYS[3], 'v', 's')
 return {token, state[1] or false, state[2] or false,
-        table.concat(redis.call('LRANGE', KEYS[4], 0, -1)), redis.call('HGET', KEYS[5], 'cancel')}
+        table.concat(redis.call('LRANGE', KEYS[4], 0, -1)), redis.call('HGETALL', KEYS[5])}
 """
 
 # KEYS: lease controls ; ARGV: token, ttl_ms -> 0 lost, 1 held, 2 held and the turn is cancelled
@@ -26,16 +26,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 return 0
 """
 
-# KEYS: turns controls ; ARGV: turn_id, cancel_blob, ttl_s
-# -> 'unknown' (never accepted), 'finished', 'recorded', or 'again' (a copy: recorded before)
-CANCEL: Final = """
+# Record a control message of a turn once (field 'cancel', or 'decision:<call id>').
+# KEYS: turns controls ; ARGV: turn_id, field, blob, ttl_s
+# -> {'unknown'} (never accepted), {'finished'}, or {'recorded' | 'again' (a copy), parked}:
+#    ``parked`` is the step the turn is parked at ('' when it is not parked)
+CONTROL: Final = """
 local status = redis.call('HGET', KEYS[1], ARGV[1])
-if not status then return 'unknown' end
-if status == 'done' then return 'finished' end
-local new = redis.call('HSETNX', KEYS[2], 'cancel', ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-if new == 1 then return 'recorded' end
-return 'again'
+if not status then return {'unknown'} end
+if status == 'done' then return {'finished'} end
+local new = redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+local parked = redis.call('HGET', KEYS[2], 'parked') or ''
+if new == 1 then return {'recorded', parked} end
+return {'again', parked}
 """
 
 # End a turn still queued behind others (it never started).
@@ -61,18 +64,29 @@ return 0
 
 # KEYS: lease state list result turns queue requests transient replies controls
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
-#       n, msg...
+#       parked, n, msg...
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
-# ``transient`` names and a result deletes).
+# ``transient`` names and a result deletes). ``parked``: the step a turn parks at (recorded in
+# its controls, so that whoever records a control message kicks that step), '-' when it
+# resumes, '' otherwise. Returns {version, next head, replies, controls waiting}: the last is 1
+# when a turn parks while control messages for it were recorded already (it resumes at once).
 SAVE: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
 local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
 if v ~= tonumber(ARGV[2]) then return redis.error_reply('STALE version ' .. v) end
 redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3])
-local n = tonumber(ARGV[8])
+local n = tonumber(ARGV[9])
 if n > 0 then
-  redis.call('RPUSH', KEYS[3], unpack(ARGV, 9, 8 + n))
+  redis.call('RPUSH', KEYS[3], unpack(ARGV, 10, 9 + n))
   redis.call('EXPIRE', KEYS[3], ARGV[5])
+end
+local waiting = 0
+if ARGV[8] == '-' then
+  redis.call('HDEL', KEYS[10], 'parked')
+elseif ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[10], 'parked', ARGV[8])
+  redis.call('EXPIRE', KEYS[10], ARGV[5])
+  if redis.call('HLEN', KEYS[10]) > 1 then waiting = 1 end
 end
 local head, replies = '', ''
 if ARGV[6] ~= '' then
@@ -89,7 +103,7 @@ if ARGV[6] ~= '' then
   redis.call('EXPIRE', KEYS[9], ttl)
 end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-return {v + 1, head, replies}
+return {v + 1, head, replies, waiting}
 """
 
 # KEYS: turns requests queue result replies

@@ -40,8 +40,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import keys
+from contracts.base import Contract
 from contracts.codec import decode, encode, encode_stored, read_stored
-from contracts.control import TurnCancel
+from contracts.control import TurnCancel, TurnDecision
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
@@ -52,8 +53,8 @@ from worker.session import scripts
 from worker.session.port import (
     RENEWALS,
     Accepted,
-    CancelStatus,
     EndQueued,
+    Recorded,
     Renewal,
     StepSession,
 )
@@ -95,7 +96,7 @@ class RedisStore:
         self._release = redis.register_script(scripts.RELEASE)
         self._save = redis.register_script(scripts.SAVE)
         self._accept = redis.register_script(scripts.ACCEPT)
-        self._cancel = redis.register_script(scripts.CANCEL)
+        self._control = redis.register_script(scripts.CONTROL)
         self._end_queued = redis.register_script(scripts.END_QUEUED)
 
     async def accept(self, request: TurnRequest) -> Accepted:
@@ -135,16 +136,16 @@ class RedisStore:
             value = await self.redis.get(keys.turn_session(turn_id))
         return _bytes(value).decode() if value else None
 
-    async def record_cancel(self, session_id: str, cancel: TurnCancel) -> CancelStatus:
+    async def record_control(
+        self, session_id: str, turn_id: str, field: str, control: Contract
+    ) -> Recorded:
         with self.timed("control"):
-            status = await self._cancel(
-                keys=[
-                    keys.session_turns(session_id),
-                    keys.turn_controls(session_id, cancel.turn_id),
-                ],
-                args=[cancel.turn_id, encode(cancel), self.ttl_s],
+            status, *parked = await self._control(
+                keys=[keys.session_turns(session_id), keys.turn_controls(session_id, turn_id)],
+                args=[turn_id, field, encode(control), self.ttl_s],
             )
-        return _bytes(status).decode()  # type: ignore[return-value]
+        at = _bytes(parked[0]).decode() if parked else ""
+        return Recorded(_bytes(status).decode(), int(at) if at else None)  # type: ignore[arg-type]
 
     async def end_queued(
         self, session_id: str, turn_id: str, result: TurnResult
@@ -190,7 +191,7 @@ class RedisStore:
         handle = SessionHandle(self, session_id, int(reply[0]), state, stored, [_bytes(reply[3])])
         handle.turn_id = turn_id
         if reply[4]:
-            handle.cancel = decode(_bytes(reply[4]), TurnCancel)
+            handle.read_controls(reply[4])
         return handle
 
     async def renew(self, session: StepSession) -> Renewal:
@@ -265,7 +266,10 @@ class SessionHandle:
         "_state",
         "_stored",
         "cancel",
+        "controls_waiting",
+        "decisions",
         "next_turn",
+        "parked",
         "released",
         "replies",
         "session_id",
@@ -294,6 +298,20 @@ class SessionHandle:
         self.released = False
         self.turn_id = ""
         self.cancel: TurnCancel | None = None
+        self.decisions: dict[str, TurnDecision] = {}
+        self.parked: int | None = None
+        self.controls_waiting = False
+
+    def read_controls(self, flat: Sequence[bytes | str]) -> None:
+        """The turn's controls hash as the lease script read it (field, value, …)."""
+        for field, value in zip(flat[::2], flat[1::2], strict=True):
+            name = _bytes(field).decode()
+            if name == "cancel":
+                self.cancel = decode(_bytes(value), TurnCancel)
+            elif name == "parked":
+                self.parked = int(_bytes(value))
+            elif name.startswith("decision:"):
+                self.decisions[name[9:]] = decode(_bytes(value), TurnDecision)
 
     def take_state(self) -> AgentState | None:
         state, self._state = self._state, None
@@ -340,6 +358,7 @@ class SessionHandle:
         target = keys.turn_transient(sid, turn_id) if transient else keys.session_history(sid)
         appended = [encode(m) for m in append]
         blob = self.store.encode_state(state)
+        parked = _parked_arg(state, self.parked)
         args: list[Any] = [
             self.token,
             state.version,
@@ -348,13 +367,14 @@ class SessionHandle:
             self.store.ttl_s,
             encode(result) if result is not None else "",
             turn_id,
+            parked,
             len(appended),
             *appended,
         ]
         result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
         try:
             with self.store.timed("save"):
-                version, head, replies = await self.store._save(
+                version, head, replies, waiting = await self.store._save(
                     keys=[
                         keys.session_lease(sid),
                         keys.session_state(sid),
@@ -374,6 +394,11 @@ class SessionHandle:
                 raise StaleStateError(f"session {sid}: {exc}") from None
             raise
         self.released = release
+        if parked == "-":
+            self.parked = None
+        elif parked:
+            self.parked = int(parked)
+            self.controls_waiting = bool(int(waiting))
         _failpoint_after_save(state, append)
         if self._history is not None and not transient:
             self._history.extend(appended)
@@ -387,6 +412,15 @@ class SessionHandle:
         keep = not release and _asks_model(saved)
         self._stored = (saved.version, blob) if keep else None
         return saved
+
+
+def _parked_arg(state: AgentState, parked: int | None) -> str:
+    """The save script's ``parked``: the step a turn parks at, '-' when a parked turn goes on
+    (or ends), '' otherwise."""
+    ex = state.execution
+    if ex is not None and ex.status == "waiting" and ex.pending is not None:
+        return "" if parked == ex.pending.index else str(ex.pending.index)
+    return "-" if parked is not None else ""
 
 
 def _asks_model(state: AgentState) -> bool:

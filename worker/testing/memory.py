@@ -14,14 +14,15 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from contracts.control import TurnCancel
+from contracts.base import Contract
+from contracts.control import TurnCancel, TurnDecision
 from contracts.events import Event
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
-from worker.session.port import Accepted, CancelStatus, EndQueued, Renewal, StepSession
+from worker.session.port import Accepted, EndQueued, Recorded, Renewal, StepSession
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 
@@ -55,7 +56,8 @@ class MemoryStore:
         self.accepted_at: dict[str, float] = {}
         self.leases: dict[str, tuple[int, float]] = {}
         self.fences: dict[str, int] = {}
-        self.cancels: dict[tuple[str, str], TurnCancel] = {}
+        self.controls: dict[tuple[str, str], dict[str, Contract | int]] = {}
+        """Each turn's recorded control messages by field (and ``parked``: its step)."""
         self.sessions_of: dict[str, str] = {}
 
     # -- the session port ---------------------------------------------------------------
@@ -92,28 +94,40 @@ class MemoryStore:
         self.leases[session_id] = (token, self.clock() + self.lease_ttl_s)
         session = MemorySession(self, session_id, token, self.states.get(session_id))
         session.turn_id = turn_id
-        session.cancel = self.cancels.get((session_id, turn_id))
+        for field, value in self.controls.get((session_id, turn_id), {}).items():
+            if isinstance(value, TurnCancel):
+                session.cancel = value
+            elif isinstance(value, TurnDecision):
+                session.decisions[field[9:]] = value
+            elif isinstance(value, int):
+                session.parked = value
         return session
 
     async def renew(self, session: StepSession) -> Renewal:
         if not self._holds(session):
             return "lost"
         self.leases[session.session_id] = (session.token, self.clock() + self.lease_ttl_s)
-        return "cancelled" if (session.session_id, session.turn_id) in self.cancels else "held"
+        controls = self.controls.get((session.session_id, session.turn_id), {})
+        return "cancelled" if "cancel" in controls else "held"
 
     async def session_of(self, turn_id: str) -> str | None:
         return self.sessions_of.get(turn_id)
 
-    async def record_cancel(self, session_id: str, cancel: TurnCancel) -> CancelStatus:
-        status = self.turns.get(session_id, {}).get(cancel.turn_id)
+    async def record_control(
+        self, session_id: str, turn_id: str, field: str, control: Contract
+    ) -> Recorded:
+        status = self.turns.get(session_id, {}).get(turn_id)
         if status is None:
-            return "unknown"
+            return Recorded("unknown")
         if status == "done":
-            return "finished"
-        if (session_id, cancel.turn_id) in self.cancels:
-            return "again"
-        self.cancels[(session_id, cancel.turn_id)] = cancel
-        return "recorded"
+            return Recorded("finished")
+        controls = self.controls.setdefault((session_id, turn_id), {})
+        parked = controls.get("parked")
+        at = parked if isinstance(parked, int) else None
+        if field in controls:
+            return Recorded("again", at)
+        controls[field] = control
+        return Recorded("recorded", at)
 
     async def end_queued(
         self, session_id: str, turn_id: str, result: TurnResult
@@ -127,7 +141,7 @@ class MemoryStore:
         self.turns[session_id][turn_id] = "done"
         self.requests.get(session_id, {}).pop(turn_id, None)
         self.results[turn_id] = result
-        self.cancels.pop((session_id, turn_id), None)
+        self.controls.pop((session_id, turn_id), None)
         return "ended", tuple(self.replies.get(session_id, {}).get(turn_id, ()))
 
     async def release(self, session: StepSession) -> None:
@@ -205,7 +219,7 @@ class MemoryStore:
                 queue.pop(0)
             self.requests.get(sid, {}).pop(t, None)
             self.transient.pop(t, None)
-            self.cancels.pop((sid, t), None)
+            self.controls.pop((sid, t), None)
             head = queue[0] if queue else None
         saved = state.model_copy(update={"version": state.version + 1})
         self.states[sid] = saved
@@ -222,6 +236,9 @@ class MemorySession:
         self.session_id = session_id
         self.turn_id = ""
         self.cancel: TurnCancel | None = None
+        self.decisions: dict[str, TurnDecision] = {}
+        self.parked: int | None = None
+        self.controls_waiting = False
         self.token = token
         self._state = state
         self.released = False
@@ -249,6 +266,7 @@ class MemorySession:
         if not self.store._holds(self):
             raise StaleStateError(f"session {self.session_id}: lease lost")
         saved, head = self.store._write(state, append, result)
+        self._mark_parked(state)
         if result is not None:
             self.next_turn = head
             self.replies = tuple(
@@ -258,6 +276,21 @@ class MemorySession:
             await self.store.release(self)
             self.released = True
         return saved
+
+    def _mark_parked(self, state: AgentState) -> None:
+        """As the Redis store's save script: the step a turn parks at, in its controls."""
+        ex = state.execution
+        key = (self.session_id, self.turn_id or (ex.turn_id if ex else ""))
+        controls = self.store.controls.get(key)
+        if ex is not None and ex.status == "waiting" and ex.pending is not None:
+            controls = self.store.controls.setdefault(key, {})
+            if self.parked != ex.pending.index:
+                controls["parked"] = self.parked = ex.pending.index
+                self.controls_waiting = len(controls) > 1
+        elif self.parked is not None:
+            self.parked = None
+            if controls is not None:
+                controls.pop("parked", None)
 
 
 class StaticCatalog:

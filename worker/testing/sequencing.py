@@ -24,9 +24,10 @@ def sequencer_over(
     events: EventSink,
     hooks: Hook | None = None,
     observer: LoopObserver | None = None,
-    agents: Sequence[str] = ("support",),
+    agents: Sequence[str | AgentProfile] = ("support",),
 ) -> SessionSequencer:
-    """Every agent named in ``agents`` may use every tool of ``definitions``."""
+    """Every agent in ``agents`` (a name: a profile with defaults) may use every tool of
+    ``definitions``."""
 
     def loop_factory(session: StepSession, _profile: AgentProfile) -> Loop:
         return Loop(
@@ -42,7 +43,9 @@ def sequencer_over(
     return SessionSequencer(
         store=store,
         leases=LeaseKeeper(store),
-        profiles=AgentProfiles(agents=tuple(AgentProfile(name=name) for name in agents)),
+        profiles=AgentProfiles(
+            agents=tuple(a if isinstance(a, AgentProfile) else AgentProfile(name=a) for a in agents)
+        ),
         loop_factory=loop_factory,
         events=events,
     )

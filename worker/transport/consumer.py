@@ -40,7 +40,7 @@ from redis.exceptions import RedisError
 from contracts import topology as t
 from contracts.base import SAFE_ID_PATTERN
 from contracts.codec import DecodeError, decode, decode_obj, encode
-from contracts.control import TurnCancel
+from contracts.control import TurnCancel, TurnDecision
 from contracts.events import UNKNOWN, TurnRejected, make_event
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
@@ -48,7 +48,7 @@ from worker import failpoints
 from worker.errors import PermanentError, RetryableError, StaleStateError
 from worker.loop import EventSink
 from worker.metrics import WorkerMetrics
-from worker.sequencer import Action, Busy, Drop, Reply, SessionSequencer, Step
+from worker.sequencer import Action, Busy, Delay, Drop, Reply, SessionSequencer, Step
 from worker.transport.publish import Publisher, properties
 
 log = logging.getLogger("loopwire.consumer")
@@ -143,18 +143,7 @@ class Consumer:
                     f"delivered {deliveries + 1} times without being done (it may crash workers)",
                     code="poison",
                 )
-            kind = headers.get(t.H_KIND, t.KIND_START)
-            if kind == t.KIND_STEP:
-                work = decode(message.body, StepWork)
-                with self.metrics.steps_in_progress.track_inprogress():
-                    actions = await self.work.on_step(work)
-            elif kind == t.KIND_START:
-                actions = await self.work.on_request(decode(message.body, TurnRequest))
-            elif kind == t.KIND_CANCEL:
-                actions = await self.work.on_cancel(decode(message.body, TurnCancel))
-            else:
-                raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
-            return await self._perform(actions)
+            return await self._perform(await self._dispatch(message.body, headers))
         except DecodeError as exc:
             return DeadLetter(exc.reason, exc.code)
         except PermanentError as exc:
@@ -181,6 +170,21 @@ class Consumer:
                     f"step failed {attempt} times: {type(exc).__name__}: {exc}", "step_failed"
                 )
             return Retry("failed", failed=True)
+
+    async def _dispatch(self, body: bytes, headers: dict[str, Any]) -> list[Action]:
+        """What the sequencer makes of the message, by its kind."""
+        kind = headers.get(t.H_KIND, t.KIND_START)
+        if kind == t.KIND_STEP:
+            work = decode(body, StepWork)
+            with self.metrics.steps_in_progress.track_inprogress():
+                return await self.work.on_step(work)
+        if kind == t.KIND_START:
+            return await self.work.on_request(decode(body, TurnRequest))
+        if kind == t.KIND_CANCEL:
+            return await self.work.on_cancel(decode(body, TurnCancel))
+        if kind == t.KIND_DECISION:
+            return await self.work.on_decision(decode(body, TurnDecision))
+        raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
 
     async def _settle(
         self, message: AbstractIncomingMessage, headers: dict[str, Any], settlement: Settlement
@@ -211,6 +215,8 @@ class Consumer:
                         message_type="turn.result",
                     ),
                 )
+            elif isinstance(action, Delay):
+                await self.publish_wait(action.work)
             elif isinstance(action, Busy):
                 log.debug("session busy; retrying later")
                 settlement = Retry("busy")
@@ -229,6 +235,23 @@ class Consumer:
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 headers={t.H_KIND: t.KIND_STEP},
                 message_id=f"{work.turn_id}:{work.step}",
+            ),
+        )
+
+    async def publish_wait(self, work: StepWork) -> None:
+        """A parked turn's timeout message, through the wait queue whose delay fits best (it
+        hops on until it is due, then comes back to ``loopwire.turns``)."""
+        assert work.wait_until is not None
+        bucket = t.wait_bucket(work.wait_until - time.time())
+        await self.publisher.publish(
+            encode(work),
+            routing_key=t.wait_queue(bucket),
+            mandatory=True,
+            properties=properties(
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={t.H_KIND: t.KIND_STEP},
+                message_id=f"{work.turn_id}:{work.step}:wait",
             ),
         )
 

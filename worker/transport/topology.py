@@ -54,6 +54,12 @@ async def declare(channel: AbstractChannel) -> Topology:
     await dead.bind(dead_letter, routing_key="#")
     turns = await channel.declare_queue(t.TURNS_QUEUE, durable=True, arguments=TURNS_ARGUMENTS)
     await channel.declare_queue(t.RETRY_QUEUE, durable=True, arguments=RETRY_ARGUMENTS)
+    for seconds in t.WAIT_BUCKETS_S:
+        await channel.declare_queue(
+            t.wait_queue(seconds),
+            durable=True,
+            arguments={**RETRY_ARGUMENTS, "x-message-ttl": seconds * 1000},
+        )
     tools = await channel.declare_exchange(
         t.TOOLS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
     )

@@ -1,0 +1,76 @@
+"""Human approval of tool calls: which calls of a step wait for a decision, and the step's
+state when it parks or goes on.
+
+An agent lists tools under ``approval`` (or ``"*"``). When the model calls one, the step saves
+the model's answer as usual, then parks the turn (``status: waiting`` with an ``approval``
+wait naming the undecided calls) instead of running its tools: no worker holds it while a
+human decides. Decisions (``turn.decision``) are recorded beside the turn; once every waiting
+call is decided, or the wait times out (an undecided call is then rejected by ``timeout``), a
+worker runs the step's tool phase: approved calls run, edited ones with the new arguments,
+rejected ones answer the model ``{"error": "rejected by <who>: <message>"}``. Calls of the
+step that need no approval wait with the others, so the step's results stay in call order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from contracts.control import TurnDecision
+from contracts.state import AgentState, PendingStep, Wait
+from worker.loop.spec import AgentSpec
+from worker.loop.turn import turn_of, with_execution
+
+
+def undecided(pending: PendingStep, agent: AgentSpec) -> tuple[str, ...]:
+    """Ids of the step's calls that need approval and have neither a decision nor a result."""
+    if pending.response is None or not agent.approval:
+        return ()
+    return tuple(
+        call.id
+        for call in pending.response.message.tool_calls
+        if agent.needs_approval(call.name)
+        and call.id not in pending.decisions
+        and pending.result_for(call.id) is None
+    )
+
+
+def parked(
+    state: AgentState, call_ids: tuple[str, ...], now: float, timeout_s: float
+) -> AgentState:
+    """The turn waiting for decisions on ``call_ids``, until ``now + timeout_s``."""
+    wait = Wait(kind="approval", call_ids=call_ids, since=now, until=now + timeout_s)
+    return with_execution(state, status="waiting", wait=wait)
+
+
+def with_decisions(state: AgentState, decisions: Mapping[str, TurnDecision]) -> AgentState:
+    """The state with the decisions recorded for its waiting calls (others are ignored: a
+    decision for a call the step does not wait on, or a second one, changes nothing)."""
+    ex = turn_of(state)
+    pending, wait = ex.pending, ex.wait
+    if pending is None or wait is None or wait.kind != "approval":
+        return state
+    new = {
+        call_id: decision
+        for call_id, decision in decisions.items()
+        if call_id in wait.call_ids and call_id not in pending.decisions
+    }
+    if not new:
+        return state
+    merged = pending.model_copy(update={"decisions": {**pending.decisions, **new}})
+    return with_execution(state, pending=merged)
+
+
+def timed_out(state: AgentState, now: float) -> AgentState:
+    """The waiting calls still undecided rejected by ``timeout``."""
+    ex = turn_of(state)
+    wait = ex.wait
+    assert wait is not None and ex.pending is not None
+    waited = f"no decision within {round(now - wait.since)}s"
+    rejections = {
+        call_id: TurnDecision(
+            turn_id=ex.turn_id, call_id=call_id, decision="reject", message=waited, by="timeout"
+        )
+        for call_id in wait.call_ids
+        if call_id not in ex.pending.decisions
+    }
+    return with_decisions(state, rejections)
