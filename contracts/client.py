@@ -30,8 +30,9 @@ from aio_pika.abc import (
 )
 
 from contracts import topology as t
+from contracts.base import Contract
 from contracts.codec import DecodeError, decode, encode
-from contracts.control import TurnCancel
+from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 
@@ -140,7 +141,40 @@ class TurnHandle:
             by=by,
             at=time.time(),
         )
-        await publish_cancel(self._channel, cancel)
+        await publish_control(self._channel, t.KIND_CANCEL, cancel)
+
+    async def approvals(self) -> AsyncIterator[Event]:
+        """The turn's ``approval.requested`` events as they come (``event.data``: call id,
+        tool, arguments, until), until the turn ends. Reads the same stream as ``events()``:
+        use one of the two."""
+        async for event in self.events():
+            if event.type == "approval.requested":
+                yield event
+
+    async def decide(
+        self,
+        call_id: str,
+        decision: Verdict,
+        *,
+        message: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        by: str | None = None,
+    ) -> None:
+        """Decide one call this turn waits on (``turn.decision``)."""
+        await publish_control(
+            self._channel,
+            t.KIND_DECISION,
+            TurnDecision(
+                turn_id=self.turn_id,
+                session_id=self.request.session_id,
+                call_id=call_id,
+                decision=decision,
+                message=message,
+                arguments=arguments,
+                by=by,
+                at=time.time(),
+            ),
+        )
 
     async def close(self) -> None:
         self._closed()
@@ -150,15 +184,14 @@ class TurnHandle:
         await self._queue.delete(if_unused=False, if_empty=False)
 
 
-async def publish_cancel(channel: AbstractChannel, cancel: TurnCancel) -> None:
-    """Publish a ``turn.cancel`` control message (confirmed, on a channel with confirms)."""
+async def publish_control(channel: AbstractChannel, kind: str, control: Contract) -> None:
+    """Publish a control message (``turn.cancel``, ``turn.decision``), confirmed."""
     await channel.default_exchange.publish(
         aio_pika.Message(
-            encode(cancel),
+            encode(control),
             content_type=t.CONTENT_TYPE,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=f"cancel:{cancel.turn_id}",
-            headers={t.H_KIND: t.KIND_CANCEL},
+            headers={t.H_KIND: kind},
         ),
         routing_key=t.TURNS_QUEUE,
     )
@@ -282,7 +315,32 @@ class LoopwireClient:
         cancel = TurnCancel(
             turn_id=turn_id, session_id=session_id, reason=reason, by=by, at=time.time()
         )
-        await publish_cancel(self.channel, cancel)
+        await publish_control(self.channel, t.KIND_CANCEL, cancel)
+
+    async def decide(
+        self,
+        turn_id: str,
+        call_id: str,
+        decision: Verdict,
+        *,
+        message: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        by: str | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        """Decide one call a turn waits on (``turn.decision``): ``approve``, ``edit`` (with
+        ``arguments``) or ``reject`` (with a ``message`` for the model)."""
+        control = TurnDecision(
+            turn_id=turn_id,
+            session_id=session_id,
+            call_id=call_id,
+            decision=decision,
+            message=message,
+            arguments=arguments,
+            by=by,
+            at=time.time(),
+        )
+        await publish_control(self.channel, t.KIND_DECISION, control)
 
     async def run_turn(
         self,

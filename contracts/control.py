@@ -60,3 +60,16 @@ class TurnDecision(Contract):
         if (self.decision == "edit") != (self.arguments is not None):
             raise ValueError("'arguments' is given exactly with decision 'edit'")
         return self
+
+
+class ApprovalRequest(Contract):
+    """A tool call waiting for a decision, as ``loopwire approvals`` lists it."""
+
+    turn_id: SafeId
+    session_id: SafeId
+    agent: str
+    call_id: str
+    tool: str
+    arguments: str = Field(description="As the model wrote them (redacted when the agent redacts).")
+    since: float
+    until: float | None = None

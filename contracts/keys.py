@@ -110,3 +110,9 @@ def turn_session(turn_id: str) -> str:
     """String: the session of a turn, written when the turn is accepted, so that a control
     message may name the turn alone."""
     return f"{PREFIX}:turn:{turn_id}:session"
+
+
+def approvals_waiting() -> str:
+    """Hash of every tool call waiting for a decision, fleet-wide: ``<turn_id>:<call_id>`` ->
+    JSON ``ApprovalRequest`` (what ``loopwire approvals`` lists); removed when decided."""
+    return f"{PREFIX}:approvals:waiting"

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from contracts.control import TurnCancel, TurnDecision
+from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
 from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
 from contracts.state import AgentState, ExecutionState, StopSignal
 from contracts.turns import TurnError, TurnRequest, TurnResult
@@ -232,10 +232,13 @@ class SessionSequencer:
         if isinstance(ready, list):
             return ready
         outcome = await ready.stepping
+        if isinstance(outcome, Waiting):
+            await self._list_waiting(outcome.state)
+            return self._waiting(outcome, work, session)
+        if ready.waited:
+            await self.store.clear_approvals(work.turn_id, ready.waited)
         if isinstance(outcome, Finished):
             return await self._finished(outcome, ready.request, session)
-        if isinstance(outcome, Waiting):
-            return self._waiting(outcome, work, session)
         next_ex = outcome.state.execution
         assert next_ex is not None
         failpoints.hit("step_saved")
@@ -282,7 +285,10 @@ class SessionSequencer:
                     return woken
                 state = woken
         profile = self.profile(request.agent)
-        return _Stepping(self.loop_factory(session, profile).step(state, profile), request)
+        ex = turn_of(state) if state.execution else None
+        waited = ex.wait.call_ids if ex is not None and ex.wait is not None else ()
+        stepping = self.loop_factory(session, profile).step(state, profile)
+        return _Stepping(stepping, request, waited)
 
     def _wake_parked(
         self, state: AgentState, session: StepSession, work: StepWork
@@ -301,6 +307,30 @@ class SessionSequencer:
                 return [Delay(work)]
             return timed_out(woken, now)
         return woken
+
+    async def _list_waiting(self, state: AgentState) -> None:
+        """Keep the fleet-wide list of calls waiting for a decision (``loopwire approvals``)."""
+        ex = turn_of(state)
+        wait, pending = ex.wait, ex.pending
+        assert wait is not None and pending is not None and pending.response is not None
+        calls = {c.id: c for c in pending.response.message.tool_calls}
+        open_ = [c for c in wait.call_ids if c not in pending.decisions]
+        await self.store.note_approvals(
+            [
+                ApprovalRequest(
+                    turn_id=ex.turn_id,
+                    session_id=state.session_id,
+                    agent=ex.request.agent,
+                    call_id=call_id,
+                    tool=calls[call_id].name,
+                    arguments=calls[call_id].arguments,
+                    since=wait.since,
+                    until=wait.until,
+                )
+                for call_id in open_
+            ]
+        )
+        await self.store.clear_approvals(ex.turn_id, list(pending.decisions))
 
     def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:
         """The turn is parked: its timeout message goes out (again, when a step message finds
@@ -333,6 +363,8 @@ class SessionSequencer:
         loop = self.loop_factory(session, profile)
         content = ex.last_content if ex else None
         finished = await loop.end(_cancelled(state, cancel), profile, "cancelled", content)
+        if ex is not None and ex.wait is not None:
+            await self.store.clear_approvals(ex.turn_id, ex.wait.call_ids)
         return await self._finished(finished, request, session)
 
     async def fail_turn(self, work: StepWork, code: str, reason: str) -> list[Action]:
@@ -431,6 +463,8 @@ class _Stepping:
 
     stepping: Awaitable[StepOutcome]
     request: TurnRequest
+    waited: tuple[str, ...] = ()
+    """The calls the turn waited on, if it was parked."""
 
 
 def _cancelled(state: AgentState, cancel: TurnCancel) -> AgentState:

@@ -4,10 +4,15 @@ another, one whose model call hangs, and a cancel whose worker dies before apply
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from support_rpc import REDIS_URL
 
 from contracts.client import LoopwireClient, new_id
 from harness import CountingToolService, EventRecorder, WorkerProcess, write_agents
@@ -126,3 +131,164 @@ async def test_a_cancel_whose_worker_dies_after_recording_it_is_applied_by_anoth
     assert (cancelled.finish_reason, cancelled.stopped_by) == ("cancelled", "too slow")
     assert answered.content == "answer"
     assert all("two" not in str(r["messages"]) for r in scripted_model.requests)
+
+
+def approving_agents(tmp_path: Path, tool: str, timeout_s: float = 3600) -> Path:
+    path = tmp_path / "agents.json"
+    agent = {"name": "support", "tools": [tool], "approval": [tool]}
+    agent["approval_timeout_s"] = timeout_s  # type: ignore[assignment]
+    path.write_text(json.dumps({"agents": [agent]}))
+    return path
+
+
+async def test_an_approval_survives_the_worker_that_parked_it_and_runs_the_edited_call(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    events: EventRecorder,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refund 100"}), content="Asking."))
+    scripted_model.expect(Reply.text("Refunded 20."))
+    agents = approving_agents(tmp_path, lookup.name)
+    first = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    second = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    await first.start()
+    try:
+        handle = await client.start_turn("support", "refund me")
+        requested = await anext(handle.approvals())
+        first.kill()  # parked: nothing of the turn is in the dead worker
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "worker.cli", "approvals", "--json"],
+            env={**os.environ, "LOOPWIRE_REDIS_URL": REDIS_URL},
+            capture_output=True,
+            check=True,
+            timeout=30,
+        )
+        await second.start()
+        call_id = requested.data.call_id  # type: ignore[union-attr]
+        code = await asyncio.to_thread(
+            cli,
+            [
+                "--amqp-url",
+                client.amqp_url,
+                "approve",
+                handle.turn_id,
+                call_id,
+                "--arguments",
+                '{"q": "refund 20"}',
+                "--by",
+                "maria",
+            ],
+        )
+        result = await handle.result(30)
+        await handle.close()
+    finally:
+        first.close()
+        second.close()
+    assert code == 0
+    waiting = [json.loads(line) for line in listed.stdout.decode().splitlines()]
+    assert any(w["turn_id"] == handle.turn_id and w["call_id"] == call_id for w in waiting)
+    assert requested.data.tool == lookup.name  # type: ignore[union-attr]
+    assert json.loads(requested.data.arguments) == {"q": "refund 100"}  # type: ignore[union-attr]
+    assert result.content == "Refunded 20."
+    assert list(lookup.executions) and sum(lookup.executions.values()) == 1
+    [seen] = [m["content"] for m in scripted_model.requests[1]["messages"] if m["role"] == "tool"]
+    assert "found refund 20" in seen, "the call ran with the edited arguments"
+    await events.wait_for(lambda evs: any(e.type == "approval.decided" for e in evs))
+    [decided] = [e for e in events.for_turn(handle.turn_id) if e.type == "approval.decided"]
+    assert (decided.data.decision, decided.data.by) == ("edit", "maria")  # type: ignore[union-attr]
+
+
+async def test_a_call_left_undecided_is_rejected_when_its_wait_times_out(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refund"})))
+    scripted_model.expect(Reply.text("Nobody approved it."))
+    worker = WorkerProcess(
+        model_url=scripted_model.base_url, agents_file=approving_agents(tmp_path, lookup.name, 3)
+    )
+    async with worker:
+        started = time.monotonic()
+        result = await client.run_turn("support", "refund me", timeout=30)
+        waited = time.monotonic() - started
+    assert worker.errors() == []
+    assert result.content == "Nobody approved it."
+    assert 2.0 <= waited < 10, waited
+    assert sum(lookup.executions.values()) == 0
+    [seen] = [m["content"] for m in scripted_model.requests[1]["messages"] if m["role"] == "tool"]
+    assert "rejected by timeout: no decision within" in seen
+
+
+async def test_a_parked_turn_is_cancelled_at_once(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refund"}), content="Asking."))
+    worker = WorkerProcess(
+        model_url=scripted_model.base_url, agents_file=approving_agents(tmp_path, lookup.name)
+    )
+    async with worker:
+        handle = await client.start_turn("support", "refund me")
+        await anext(handle.approvals())
+        started = time.monotonic()
+        await handle.cancel("no longer needed")
+        result = await handle.result(20)
+        waited = time.monotonic() - started
+        await handle.close()
+    assert worker.errors() == []
+    assert waited < 2.0
+    assert (result.finish_reason, result.stopped_by, result.content) == (
+        "cancelled",
+        "no longer needed",
+        "Asking.",
+    )
+    assert sum(lookup.executions.values()) == 0
+    assert len(scripted_model.requests) == 1
+
+
+@pytest.mark.parametrize("point", ["parked", "decision_recorded", "resumed"])
+async def test_a_worker_killed_while_parking_deciding_or_resuming_loses_nothing(
+    point: str,
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refund"})))
+    scripted_model.expect(Reply.text("Refunded."))
+    agents = approving_agents(tmp_path, lookup.name)
+    doomed = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=agents,
+        extra_env={"LOOPWIRE_FAILPOINTS": point},
+    )
+    survivor = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    await doomed.start()
+    try:
+        handle = await client.start_turn("support", "refund me")
+        if point == "parked":  # dies before it announces: the next worker announces it
+            assert doomed.proc is not None
+            await asyncio.to_thread(doomed.proc.wait, 20)
+            await survivor.start()
+        requested = await asyncio.wait_for(anext(handle.approvals()), 20)
+        await handle.decide(requested.data.call_id, "approve", by="maria")  # type: ignore[union-attr]
+        if point != "parked":
+            assert doomed.proc is not None
+            await asyncio.to_thread(doomed.proc.wait, 20)
+            await survivor.start()
+        result = await handle.result(30)
+        await handle.close()
+    finally:
+        doomed.close()
+        survivor.close()
+    assert f"failpoint {point}" in doomed.stderr()
+    assert result.content == "Refunded."
+    assert sum(lookup.executions.values()) == 1, "the approved call ran once"
+    assert len(scripted_model.requests) == 2, "no model call was made twice"

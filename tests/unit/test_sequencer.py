@@ -564,6 +564,8 @@ async def test_a_call_that_needs_approval_parks_the_turn_holding_nothing() -> No
     assert await rig.lease_is_free()
     [requested] = [e for e in rig.events.events if e.type == "approval.requested"]
     assert requested.data.call_id == "call_1" and requested.data.tool == "lookup"  # type: ignore[union-attr]
+    [listed] = await rig.store.approvals()
+    assert (listed.turn_id, listed.call_id, listed.tool) == ("t1", "call_1", "lookup")
     # a step message for it with nothing new leaves it parked (and announced again, the same)
     again = await rig.sequencer.on_step(work("t1", 0))
     assert [type(a) for a in again] == [Delay]
@@ -591,6 +593,7 @@ async def test_a_decision_resumes_the_parked_turn(
 
     assert [c.arguments["q"] for c in rig.tools.calls] == ran
     assert seen in tool_answers(rig)[0]
+    assert await rig.store.approvals() == []
     assert any(isinstance(a, Reply) and a.result.content == "Here you are." for a in ended)
     [decided] = [e for e in rig.events.events if e.type == "approval.decided"]
     assert decided.data.decision == verdict  # type: ignore[union-attr]
@@ -605,6 +608,7 @@ async def test_calls_of_one_step_wait_together_and_are_decided_one_by_one() -> N
     assert await rig.sequencer.on_decision(decide("call_2")) == [kick("t1")]
     still = await rig.sequencer.on_step(work("t1", 0))
     assert [type(a) for a in still] == [Delay] and rig.tools.calls == []
+    assert [r.call_id for r in await rig.store.approvals()] == ["call_1"]
     assert codes(await rig.sequencer.on_decision(decide("call_2", "reject"))) == []  # kicks again
     assert await rig.sequencer.on_decision(decide("call_1", "reject", message="no")) == [kick("t1")]
     rig.script(answers("One of two."))

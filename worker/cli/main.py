@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--session", default=None, help="its session id (saves a lookup)")
     cancel.add_argument("--by", default=None, help="who asks (for the log)")
 
+    approvals = sub.add_parser("approvals", help="list the tool calls waiting for a decision")
+    approvals.add_argument(
+        "--redis-url",
+        default=os.environ.get("LOOPWIRE_REDIS_URL", DEFAULT_REDIS),
+        help="Redis URL (default: $LOOPWIRE_REDIS_URL or %(default)s)",
+    )
+    approvals.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    for verb, what in (("approve", "approve (or, with --arguments, edit)"), ("reject", "reject")):
+        decide = sub.add_parser(verb, help=f"{what} a tool call a turn waits on")
+        decide.add_argument("turn_id", help="the turn's id")
+        decide.add_argument("call_id", help="the call's id (from 'loopwire approvals')")
+        decide.add_argument("--by", default=None, help="who decides")
+        decide.add_argument("--message", default=None, help="for the model (with a rejection)")
+        if verb == "approve":
+            decide.add_argument(
+                "--arguments", default=None, help="run the call with these (a JSON object)"
+            )
+
     tail = sub.add_parser("tail", help="print events matching a routing-key pattern")
     tail.add_argument("pattern", nargs="?", default="#", help="e.g. 'tool.invoked.#' (default: #)")
     tail.add_argument("--json", action="store_true", help="JSON lines instead of text")
@@ -80,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from worker.errors import CliError
 
-    if args.command in ("turn", "tail", "dlq", "cancel"):
+    if args.command in ("turn", "tail", "dlq", "cancel", "approvals", "approve", "reject"):
         # the client libraries' own log lines would duplicate our one-line errors
         logging.basicConfig(level=logging.CRITICAL)
     try:
@@ -126,6 +145,24 @@ def _run(args: argparse.Namespace) -> int:
                 turn_id=args.turn_id,
                 reason=args.reason,
                 session=args.session,
+                by=args.by,
+            )
+        )
+    if args.command == "approvals":
+        from worker.cli.approvals import list_approvals
+
+        return asyncio.run(list_approvals(redis_url=args.redis_url, as_json=args.json))
+    if args.command in ("approve", "reject"):
+        from worker.cli.approvals import decide
+
+        return asyncio.run(
+            decide(
+                amqp_url=args.amqp_url,
+                turn_id=args.turn_id,
+                call_id=args.call_id,
+                verdict=args.command,
+                arguments=getattr(args, "arguments", None),
+                message=args.message,
                 by=args.by,
             )
         )

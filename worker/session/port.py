@@ -15,11 +15,12 @@ keeps the same rules in a dict, and both pass the same contract tests
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from contracts.base import Contract
-from contracts.control import TurnCancel, TurnDecision
+from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
 from worker.loop.ports import StateStore
@@ -111,6 +112,16 @@ class SessionStore(Protocol):
     ) -> Recorded:
         """Record a control message of a turn once under ``field`` (``cancel``,
         ``decision:<call id>``); read back by ``take`` with the lease."""
+        ...
+
+    async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
+        """List calls as waiting for a decision (``loopwire approvals``)."""
+        ...
+
+    async def clear_approvals(self, turn_id: str, call_ids: Sequence[str]) -> None: ...
+
+    async def approvals(self) -> list[ApprovalRequest]:
+        """Every call waiting for a decision."""
         ...
 
     async def end_queued(

@@ -42,7 +42,7 @@ from redis.exceptions import ResponseError
 from contracts import keys
 from contracts.base import Contract
 from contracts.codec import decode, encode, encode_stored, read_stored
-from contracts.control import TurnCancel, TurnDecision
+from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
@@ -146,6 +146,23 @@ class RedisStore:
             )
         at = _bytes(parked[0]).decode() if parked else ""
         return Recorded(_bytes(status).decode(), int(at) if at else None)  # type: ignore[arg-type]
+
+    async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
+        if requests:
+            fields: dict[str | bytes, str | bytes] = {
+                f"{r.turn_id}:{r.call_id}": r.model_dump_json() for r in requests
+            }
+            await self.redis.hset(keys.approvals_waiting(), mapping=fields)  # type: ignore[arg-type]
+
+    async def clear_approvals(self, turn_id: str, call_ids: Sequence[str]) -> None:
+        if call_ids:
+            fields = [f"{turn_id}:{call_id}" for call_id in call_ids]
+            await self.redis.hdel(keys.approvals_waiting(), *fields)
+
+    async def approvals(self) -> list[ApprovalRequest]:
+        values = await self.redis.hvals(keys.approvals_waiting())
+        found = [ApprovalRequest.model_validate_json(v) for v in values]
+        return sorted(found, key=lambda r: r.since)
 
     async def end_queued(
         self, session_id: str, turn_id: str, result: TurnResult
@@ -400,6 +417,8 @@ class SessionHandle:
             self.parked = int(parked)
             self.controls_waiting = bool(int(waiting))
         _failpoint_after_save(state, append)
+        if parked:
+            failpoints.hit("parked" if parked != "-" else "resumed")
         if self._history is not None and not transient:
             self._history.extend(appended)
         if result is not None:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from contracts.base import Contract
-from contracts.control import TurnCancel, TurnDecision
+from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
 from contracts.events import Event
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
@@ -59,6 +59,7 @@ class MemoryStore:
         self.controls: dict[tuple[str, str], dict[str, Contract | int]] = {}
         """Each turn's recorded control messages by field (and ``parked``: its step)."""
         self.sessions_of: dict[str, str] = {}
+        self.waiting_approvals: dict[str, ApprovalRequest] = {}
 
     # -- the session port ---------------------------------------------------------------
 
@@ -128,6 +129,17 @@ class MemoryStore:
             return Recorded("again", at)
         controls[field] = control
         return Recorded("recorded", at)
+
+    async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
+        for r in requests:
+            self.waiting_approvals[f"{r.turn_id}:{r.call_id}"] = r
+
+    async def clear_approvals(self, turn_id: str, call_ids: Sequence[str]) -> None:
+        for call_id in call_ids:
+            self.waiting_approvals.pop(f"{turn_id}:{call_id}", None)
+
+    async def approvals(self) -> list[ApprovalRequest]:
+        return sorted(self.waiting_approvals.values(), key=lambda r: r.since)
 
     async def end_queued(
         self, session_id: str, turn_id: str, result: TurnResult
