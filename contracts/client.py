@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -268,7 +269,14 @@ class LoopwireClient:
         persist: bool = True,
         limits: LimitOverrides | None = None,
         metadata: dict[str, Any] | None = None,
+        deadline: float | None = None,
+        timeout_s: float | None = None,
     ) -> TurnHandle:
+        """Publish a turn. ``deadline`` (Unix time) or ``timeout_s`` (from now) bounds it: the
+        model and tool calls get at most the time left, and a turn past it ends as
+        ``cancelled`` with ``stopped_by: deadline``."""
+        if timeout_s is not None:
+            deadline = min(deadline or math.inf, time.time() + timeout_s)
         texts = [input] if isinstance(input, str) else list(input)
         turn_id = turn_id or new_id()
         queue = await self.channel.declare_queue(_queue_name(), exclusive=True, auto_delete=True)
@@ -282,6 +290,7 @@ class LoopwireClient:
             limits=limits or LimitOverrides(),
             metadata=metadata or {},
             reply_to=queue.name,
+            deadline=deadline,
         )
         handle = TurnHandle(request, queue, self.channel)
         await handle._start()

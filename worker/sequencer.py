@@ -178,7 +178,7 @@ class SessionSequencer:
 
         self.leases.hold(session, f"{work.turn_id}#{work.step}", cancelled)
         try:
-            return await self._run(session, work)
+            return await self._run(session, work, cancelled)
         except asyncio.CancelledError:
             if not abandoned or task.cancelling() > 1:
                 raise  # the worker is stopping
@@ -226,12 +226,24 @@ class SessionSequencer:
             actions += [Reply(reply_to, delivered) for reply_to in replies]
         return actions
 
-    async def _run(self, session: StepSession, work: StepWork) -> list[Action]:
+    async def _run(
+        self, session: StepSession, work: StepWork, abandon: Callable[[], None]
+    ) -> list[Action]:
         failpoints.hit("step_begin")
         ready = await self._resolve(session, work)
         if isinstance(ready, list):
             return ready
-        outcome = await ready.stepping
+        deadline = ready.request.deadline
+        timer = None
+        if deadline is not None and deadline > self.clock():  # then abandoned as if cancelled
+            timer = asyncio.get_running_loop().call_later(
+                max(0.0, deadline - self.clock()), abandon
+            )
+        try:
+            outcome = await ready.stepping
+        finally:
+            if timer is not None:
+                timer.cancel()
         if isinstance(outcome, Waiting):
             await self._list_waiting(outcome.state)
             return self._waiting(outcome, work, session)

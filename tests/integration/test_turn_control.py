@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from support_rpc import REDIS_URL
 
 from contracts.client import LoopwireClient, new_id
+from contracts.tools import ToolCallRequest
 from harness import CountingToolService, EventRecorder, WorkerProcess, write_agents
 from worker.cli.main import main as cli
 from worker.testing.scripted_model import Reply, ScriptedModel
@@ -292,3 +294,38 @@ async def test_a_worker_killed_while_parking_deciding_or_resuming_loses_nothing(
     assert result.content == "Refunded."
     assert sum(lookup.executions.values()) == 1, "the approved call ran once"
     assert len(scripted_model.requests) == 2, "no model call was made twice"
+
+
+@pytest.mark.parametrize("slow", ["model", "tool"])
+async def test_a_turn_past_its_deadline_ends_as_cancelled_while_its_call_is_still_out(
+    slow: str,
+    scripted_model: ScriptedModel,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    release = asyncio.Event()
+
+    async def slow_tool(request: ToolCallRequest) -> object:
+        await release.wait()
+        return {"results": ["too late"]}
+
+    service = CountingToolService(f"slow_{uuid.uuid4().hex[:8]}", slow_tool, timeout_s=30)
+    await service.start()
+    if slow == "model":
+        scripted_model.expect(Reply.text("too late", delay=20.0))
+    else:
+        scripted_model.expect(Reply.tool_calls((service.name, {"q": "x"}), content="Looking."))
+    try:
+        async with worker_for(tmp_path, scripted_model, [service.name]) as worker:
+            started = time.monotonic()
+            result = await client.run_turn("support", "quick!", timeout=20, timeout_s=2.0)
+            waited = time.monotonic() - started
+    finally:
+        release.set()
+        await service.stop()
+    assert worker.errors() == []
+    assert (result.finish_reason, result.stopped_by) == ("cancelled", "deadline")
+    assert 1.9 <= waited < 3.5, waited
+    assert len(scripted_model.requests) == 1
+    if slow == "tool":
+        assert result.content == "Looking."

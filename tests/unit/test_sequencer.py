@@ -665,3 +665,21 @@ async def test_a_cancel_ends_a_parked_turn_at_once() -> None:
     assert [m.role for m in history] == ["user", "assistant", "tool"]  # the call got its answer
     assert isinstance(delay, Delay)
     assert codes(await rig.sequencer.on_step(delay.work)) == ["stale_step"]
+
+
+async def test_a_turn_past_its_deadline_mid_step_is_abandoned_and_ends_as_cancelled() -> None:
+    store = MemoryStore()
+    model = HangingModel()
+    sequencer = sequencer_over(
+        store, model=model, tools=FunctionTools({}), definitions=[], events=ListSink()
+    )
+    late = request("t1").model_copy(update={"deadline": time.time() + 0.3})
+    await sequencer.on_request(late)
+
+    again = await asyncio.wait_for(sequencer.on_step(work("t1", 0)), 2)
+    assert again == [kick("t1")]
+    assert model.abandoned.is_set()
+    result = replied(await sequencer.on_step(work("t1", 0)))
+
+    assert (result.finish_reason, result.stopped_by) == ("cancelled", "deadline")
+    assert model.calls == 1

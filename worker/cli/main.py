@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     turn.add_argument(
         "--max-iterations", type=int, default=None, help="override max_tool_iterations"
     )
+    turn.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the turn's deadline, from now: past it, it ends as cancelled",
+    )
 
     cancel = sub.add_parser("cancel", help="cancel a turn wherever it is (turn.cancel)")
     cancel.add_argument("turn_id", help="the turn's id")
@@ -134,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
                 as_json=args.json,
                 timeout=args.timeout,
                 max_iterations=args.max_iterations,
+                deadline_s=args.deadline,
             )
         )
     if args.command == "cancel":

@@ -38,10 +38,13 @@ async def run_turn_command(
     as_json: bool,
     timeout: float,
     max_iterations: int | None,
+    deadline_s: float | None = None,
 ) -> int:
     async with connect(amqp_url) as client:
         limits = LimitOverrides(max_tool_iterations=max_iterations)
-        handle = await client.start_turn(agent, text, session_id=session, limits=limits)
+        handle = await client.start_turn(
+            agent, text, session_id=session, limits=limits, timeout_s=deadline_s
+        )
         try:
             result = await _wait(handle, follow=follow, as_json=as_json, timeout=timeout)
         finally:

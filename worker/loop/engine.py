@@ -77,6 +77,9 @@ from worker.loop.turn import (
 
 log = logging.getLogger("loopwire.loop")
 
+DEADLINE_SLACK_S = 0.05
+"""A model call that fails this close to the turn's deadline was cut by it."""
+
 
 class Loop:
     """Runs steps of turns over the injected model, tools, store, events and hooks."""
@@ -207,7 +210,8 @@ class Loop:
             if ex.stop_signal is not None:
                 return await self.end(state, agent, "stop", ex.last_content)
         deadline = ex.request.deadline
-        if deadline is not None and self.clock() > deadline and ex.pending is None:
+        if deadline is not None and self.clock() > deadline:
+            # mid-step too: calls still out get a tool message saying they were not answered
             late = with_execution(state, stop_signal=StopSignal(source="deadline"))
             return await self.end(late, agent, "cancelled", ex.last_content)
         if ex.pending is not None:
@@ -226,7 +230,7 @@ class Loop:
             stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self.end(stopped, agent, "stop", ex.last_content)
         offered = [d for d in await self.catalog.available() if agent.allows(d.name)]
-        request = model_request(state, agent, messages, offered)
+        request = model_request(state, agent, messages, offered, self.clock())
         return ModelCall(
             parked=self.store.park(state),
             answer=self.model.complete(request),
@@ -309,6 +313,11 @@ class Loop:
         with its error (and announced, ``step.completed``)."""
         state = call.parked.unpark()
         ex = turn_of(state)
+        deadline = ex.request.deadline
+        if deadline is not None and self.clock() >= deadline - DEADLINE_SLACK_S:
+            # the call was cut at the turn's deadline: the turn is out of time, not failed
+            late = with_execution(state, stop_signal=StopSignal(source="deadline"))
+            return await self.end(late, agent, "cancelled", ex.last_content)
         log.warning("model call failed for turn %s: %s", ex.turn_id, exc)
         message = str(exc)[:4000]
         step = AgentStep(index=call.index, input_count=call.input_count, errors=(message,))

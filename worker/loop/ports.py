@@ -35,6 +35,8 @@ class ModelRequest:
     max_tokens: int | None = None
     response_format: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+    """At most this long (the turn's deadline is near); ``None``: the client's own timeout."""
 
 
 class Model(Protocol):

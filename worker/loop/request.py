@@ -33,9 +33,13 @@ def model_request(
     agent: AgentSpec,
     messages: Sequence[ChatMessage],
     tools: Sequence[ToolDefinition],
+    now: float = 0.0,
 ) -> ModelRequest:
-    """The session's model settings over the agent's."""
+    """The session's model settings over the agent's; a turn with a deadline gives the call at
+    most the time left (``now``: the loop's clock)."""
     llm = state.llm
+    ex = state.execution
+    deadline = ex.request.deadline if ex is not None else None
     return ModelRequest(
         messages=messages,
         tools=tools,
@@ -43,4 +47,5 @@ def model_request(
         temperature=llm.temperature if llm.temperature is not None else agent.temperature,
         max_tokens=llm.max_tokens or agent.max_tokens,
         response_format=state.context.response_format,
+        timeout_s=None if deadline is None else deadline - now,
     )

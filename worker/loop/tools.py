@@ -272,6 +272,8 @@ class ToolRunner:
     ) -> ToolCallReply | _Failed:
         ex = turn_of(ctx.state)
         timeout = min(definition.timeout_s, ex.limits.tool_timeout_s)
+        if ex.request.deadline is not None:  # no call outlives its turn
+            timeout = max(0.001, min(timeout, ex.request.deadline - started))
         request = ToolCallRequest(
             call_id=call.call_id,
             tool=call.name,

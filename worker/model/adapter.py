@@ -141,7 +141,8 @@ class OpenAIModel:
     def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
         """Encode the request now; the answer comes from the returned awaitable, which holds
         only the encoded body (the client's retries resend those very bytes)."""
-        return self._send(chat_options(encode_body(request, self.default_model)))
+        body = encode_body(request, self.default_model)
+        return self._send(chat_options(body, request.timeout_s))
 
     async def _send(self, options: ChatOptions) -> ModelResponse:
         attempts = self.bad_response_retries + 1

@@ -94,16 +94,25 @@ ChatOptions = FinalRequestOptions
 """The options of one chat-completions call, as ``client.request`` takes them."""
 
 
-def chat_options(body: bytes) -> ChatOptions:
+def chat_options(body: bytes, timeout_s: float | None = None) -> ChatOptions:
     """What ``client.post("/chat/completions", content=body)`` would pass on to
     ``client.request``, the body held as a ``HeldBody``; calling ``request`` directly keeps one
-    fewer copy of the options alive while the model thinks."""
+    fewer copy of the options alive while the model thinks. ``timeout_s`` bounds this call
+    below the client's own timeout."""
     held: Any = HeldBody(body)  # the client takes it for a rewindable file
+    if timeout_s is None:
+        return FinalRequestOptions.construct(
+            method="post",
+            url="/chat/completions",
+            content=held,
+            headers={"Content-Length": str(len(body))},
+        )
     return FinalRequestOptions.construct(
         method="post",
         url="/chat/completions",
         content=held,
         headers={"Content-Length": str(len(body))},
+        timeout=max(0.001, timeout_s),
     )
 
 
