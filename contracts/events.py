@@ -35,6 +35,7 @@ EventType = Literal[
     "turn.cancelled",
     "approval.requested",
     "approval.decided",
+    "budget.exhausted",
 ]
 EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -102,6 +103,13 @@ class ApprovalDecided(Contract):
     message: str | None = None
 
 
+class BudgetExhausted(Contract):
+    budget: str = Field(description="'<scope>.<limit>': scope turn, session or agent_day.")
+    limit: float
+    used: float
+    final_call: bool = Field(description="Whether one last model call (without tools) follows.")
+
+
 class TurnRejected(Contract):
     reason: str = Field(max_length=2000)
     code: str = Field(max_length=64)
@@ -117,6 +125,7 @@ EventData = (
     | TurnRejected
     | ApprovalRequested
     | ApprovalDecided
+    | BudgetExhausted
 )
 
 

@@ -116,3 +116,9 @@ def approvals_waiting() -> str:
     """Hash of every tool call waiting for a decision, fleet-wide: ``<turn_id>:<call_id>`` ->
     JSON ``ApprovalRequest`` (what ``loopwire approvals`` lists); removed when decided."""
     return f"{PREFIX}:approvals:waiting"
+
+
+def agent_spend(agent: str, day: str) -> str:
+    """Hash of what an agent's finished turns spent on one day (UTC, ``YYYY-MM-DD``):
+    ``total_tokens``, ``cost_usd``, ``tool_calls``, ``wall_s``; kept two days."""
+    return f"{PREFIX}:spend:{agent}:{day}"

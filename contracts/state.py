@@ -159,6 +159,12 @@ class ExecutionState(Contract):
     stop_signal: StopSignal | None = None
     wait: Wait | None = Field(default=None, description="Set while the turn is parked.")
     usage: Usage = Usage()
+    cost_usd: float = Field(default=0.0, ge=0)
+    budget_spent: str | None = Field(
+        default=None,
+        description="The budget found spent ('turn.max_total_tokens' …): the turn's last model "
+        "call is made without tools, then it ends.",
+    )
     empty_streak: int = 0
     last_content: str | None = None
     state_updates: JsonObject = Field(
@@ -169,6 +175,23 @@ class ExecutionState(Contract):
     started_at: float
     updated_at: float
     result: TurnResult | None = None
+
+
+class Spend(Contract):
+    """What turns spent, summed: the session's finished turns, or an agent's in a day."""
+
+    total_tokens: int = Field(default=0, ge=0)
+    cost_usd: float = Field(default=0.0, ge=0)
+    tool_calls: int = Field(default=0, ge=0)
+    wall_s: float = Field(default=0.0, ge=0)
+
+    def __add__(self, other: Spend) -> Spend:
+        return Spend(
+            total_tokens=self.total_tokens + other.total_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
+            tool_calls=self.tool_calls + other.tool_calls,
+            wall_s=self.wall_s + other.wall_s,
+        )
 
 
 class SessionContext(Contract):
@@ -199,6 +222,7 @@ class AgentState(Contract):
     llm: LLMOverrides = LLMOverrides()
     history_len: int = Field(default=0, ge=0)
     execution_count: int = Field(default=0, ge=0)
+    spent: Spend = Field(default_factory=Spend, description="What the session's turns spent.")
     version: int = Field(default=0, ge=0)
     created_at: float
     updated_at: float

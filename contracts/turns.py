@@ -9,7 +9,30 @@ from pydantic import Field, field_validator, model_validator
 from contracts.base import AgentName, Contract, JsonObject, SafeId
 from contracts.messages import ChatMessage, Usage
 
-FinishReason = Literal["stop", "length", "max_iterations", "error", "cancelled"]
+FinishReason = Literal["stop", "length", "max_iterations", "error", "cancelled", "budget"]
+
+
+class Budget(Contract):
+    """What a turn (or a session, or an agent in a day) may spend; unset: no limit."""
+
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, description="From the workers' price table (input and output)."
+    )
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    max_wall_s: float | None = Field(default=None, gt=0)
+
+    def lowered(self, other: Budget) -> Budget:
+        """Each limit of ``other`` where it is lower than this one's (never higher)."""
+        merged: dict[str, float | int | None] = {}
+        for name in type(self).model_fields:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            merged[name] = theirs if mine is None else mine if theirs is None else min(mine, theirs)
+        return Budget.model_validate(merged)
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, name) is None for name in type(self).model_fields)
 
 
 class LoopLimits(Contract):
@@ -78,6 +101,10 @@ class TurnRequest(Contract):
     deadline: float | None = Field(
         default=None, description="Unix time after which the turn is cancelled."
     )
+    budget: Budget = Field(
+        default_factory=Budget,
+        description="Lowers the agent's per-turn budget (never raises it).",
+    )
 
     @field_validator("reply_to")
     @classmethod
@@ -99,8 +126,10 @@ class TurnResult(Contract):
 
     ``finish_reason`` is ``stop`` for an answer, ``max_iterations`` when the
     iteration cap ended the turn (``content`` is then the last content the model
-    gave, not an answer), ``error`` with ``error`` set, or ``cancelled``.
-    ``stopped_by`` names the hook that stopped the turn, if one did.
+    gave, not an answer), ``error`` with ``error`` set, ``cancelled``, or ``budget`` (a
+    budget was spent: ``content`` is the answer the model gave without tools, told to answer
+    with what it had). ``stopped_by`` names the hook, the cancel's reason, ``deadline`` or the
+    budget (``turn.max_tool_calls``, ``session.max_cost_usd``, ``agent_day.…``) that ended it.
     """
 
     schema_version: Literal[1] = 1
@@ -112,6 +141,7 @@ class TurnResult(Contract):
     error: TurnError | None = None
     stopped_by: str | None = None
     usage: Usage = Usage()
+    cost_usd: float = Field(default=0.0, ge=0, description="From the workers' price table.")
     steps: int = Field(ge=0)
     duration_s: float = Field(ge=0)
     completed_at: float

@@ -38,7 +38,7 @@ from worker.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
 from worker.session.port import StepSession
 from worker.session.store import RedisStore
-from worker.settings import Settings
+from worker.settings import Settings, price_table
 from worker.transport.broker_gate import BrokerGate
 from worker.transport.catalog import RegistryCatalog
 from worker.transport.consumer import Consumer
@@ -137,6 +137,8 @@ class Worker:
                 state_format=s.state_format,
             )
 
+            price = price_table(s)
+
             def loop_factory(session: StepSession, profile: AgentProfile) -> Loop:
                 return Loop(
                     model=model,
@@ -146,6 +148,8 @@ class Worker:
                     events=sink,
                     hooks=hook_sets.for_agent(profile.name),
                     observer=self.metrics,
+                    price=price,
+                    ledger=store,
                 )
 
             work = SessionSequencer(

@@ -85,7 +85,8 @@ class WorkerMetrics(LoopObserver):
         )
         self.turns_finished = Counter(
             "loopwire_turns_finished",
-            "Turns finished, by finish reason (stop, max_iterations, error, cancelled).",
+            "Turns finished, by finish reason (stop, length, max_iterations, error, cancelled, "
+            "budget).",
             ["agent", "finish_reason"],
             registry=r,
         )
@@ -159,6 +160,12 @@ class WorkerMetrics(LoopObserver):
             "loopwire_iteration_caps",
             "Turns ended by the iteration cap (max_tool_iterations).",
             ["agent"],
+            registry=r,
+        )
+        self.budgets = Counter(
+            "loopwire_budget_exhausted",
+            "Budgets found spent before a model call, by budget (<scope>.<limit>).",
+            ["agent", "budget"],
             registry=r,
         )
         self.dead_lettered = Counter(
@@ -260,6 +267,9 @@ class WorkerMetrics(LoopObserver):
 
     def iteration_cap_hit(self, agent: str) -> None:
         self.child(self.caps, agent).inc()
+
+    def budget_exhausted(self, agent: str, budget: str) -> None:
+        self.child(self.budgets, agent, budget).inc()
 
     # -- transport ---------------------------------------------------------------------------
 

@@ -6,11 +6,14 @@ Example: ``LOOPWIRE_MODEL__BASE_URL=http://localhost:11434/v1``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.messages import Usage
 
 
 class ModelSettings(BaseModel):
@@ -34,6 +37,13 @@ class ModelSettings(BaseModel):
         default=2, ge=0, le=10, description="Retries of a malformed 200 body."
     )
     max_connections: int = Field(default=1000, ge=1, description="HTTP connection pool size.")
+
+
+class ModelPrice(BaseModel):
+    """What a model costs, in USD per million tokens."""
+
+    input_per_m: float = Field(ge=0)
+    output_per_m: float = Field(ge=0)
 
 
 class Settings(BaseSettings):
@@ -97,3 +107,25 @@ class Settings(BaseSettings):
         default=9464, ge=0, le=65535, description="Port of /metrics, /livez, /readyz (0: off)."
     )
     model: ModelSettings = ModelSettings()
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict,
+        description="Price table for cost budgets and TurnResult.cost_usd, by model name (JSON: "
+        '{"gpt-4o-mini": {"input_per_m": 0.15, "output_per_m": 0.6}}); a model not listed '
+        "costs 0.",
+    )
+
+
+def price_table(settings: Settings) -> Callable[[str | None, Usage], float]:
+    """The cost of one model call's usage, by model (``None``: the default model)."""
+    prices = settings.prices
+    default = settings.model.model
+
+    def price(model: str | None, usage: Usage) -> float:
+        found = prices.get(model or default)
+        if found is None:
+            return 0.0
+        return (
+            usage.prompt_tokens * found.input_per_m + usage.completion_tokens * found.output_per_m
+        ) / 1_000_000
+
+    return price

@@ -11,7 +11,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 from support_rpc import REDIS_URL
 
@@ -329,3 +331,41 @@ async def test_a_turn_past_its_deadline_ends_as_cancelled_while_its_call_is_stil
     assert len(scripted_model.requests) == 1
     if slow == "tool":
         assert result.content == "Looking."
+
+
+async def test_a_model_that_calls_tools_forever_is_stopped_by_its_budget_with_an_answer(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    def responder(request: dict[str, Any]) -> Reply:
+        if not request.get("tools"):
+            return Reply.text("Here is what I found.")
+        return Reply.tool_calls((lookup.name, {"q": "more"}))
+
+    scripted_model.respond_with(responder)
+    path = tmp_path / "agents.json"
+    agent = {"name": "support", "tools": [lookup.name], "budget": {"max_tool_calls": 3}}
+    path.write_text(json.dumps({"agents": [agent]}))
+    prices = json.dumps({"test-model": {"input_per_m": 1000.0, "output_per_m": 1000.0}})
+    worker = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=path,
+        extra_env={"LOOPWIRE_PRICES": prices, "LOOPWIRE_MODEL__MODEL": "test-model"},
+    )
+    async with worker:
+        result = await client.run_turn("support", "find everything", timeout=30)
+        url = f"http://127.0.0.1:{worker.port}/metrics"
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            metrics = await response.text()
+    assert worker.errors() == []
+    assert (result.finish_reason, result.stopped_by) == ("budget", "turn.max_tool_calls")
+    assert result.content == "Here is what I found."
+    assert len(scripted_model.requests) == 4 and sum(lookup.executions.values()) == 3
+    assert result.cost_usd == pytest.approx(result.usage.total_tokens * 1000 / 1e6)
+    assert result.cost_usd > 0
+    assert (
+        'loopwire_budget_exhausted_total{agent="support",budget="turn.max_tool_calls"} 1.0'
+        in metrics
+    )

@@ -35,6 +35,7 @@ from contracts.events import (
     EVENT_TYPES,
     ApprovalDecided,
     ApprovalRequested,
+    BudgetExhausted,
     Event,
     EventData,
     StepCompleted,
@@ -674,6 +675,9 @@ EVENT_DATA: dict[str, EventData] = {
     ),
     "approval.decided": ApprovalDecided(
         call_id="call_1", decision="reject", by="maria", message="over the limit"
+    ),
+    "budget.exhausted": BudgetExhausted(
+        budget="turn.max_tool_calls", limit=3, used=3, final_call=True
     ),
 }
 

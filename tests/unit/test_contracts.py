@@ -25,6 +25,7 @@ from contracts.events import (
     UNKNOWN,
     ApprovalDecided,
     ApprovalRequested,
+    BudgetExhausted,
     Event,
     EventData,
     StepCompleted,
@@ -109,6 +110,9 @@ EVENT_DATA: dict[str, EventData] = {
     "turn.rejected": TurnRejected(reason="bad", code="malformed"),
     "approval.requested": ApprovalRequested(call_id="c1", tool="refund", arguments="{}"),
     "approval.decided": ApprovalDecided(call_id="c1", decision="approve", by="maria"),
+    "budget.exhausted": BudgetExhausted(
+        budget="turn.max_tool_calls", limit=3, used=3, final_call=True
+    ),
 }
 
 

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contracts.events import (
     ApprovalDecided,
     ApprovalRequested,
+    BudgetExhausted,
     EventData,
     EventType,
     TurnFinished,
@@ -49,6 +50,7 @@ from contracts.turns import FinishReason, TurnError, TurnRequest
 from worker.errors import ModelError
 from worker.loop.announce import announce, announce_step
 from worker.loop.approvals import parked, undecided
+from worker.loop.budgets import configured, first_spent, turn_spend
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext
 from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome, Waiting
@@ -56,9 +58,12 @@ from worker.loop.ports import (
     EventSink,
     LoopObserver,
     Model,
+    Price,
+    SpendLedger,
     StateStore,
     ToolCaller,
     ToolCatalog,
+    free,
     observe,
 )
 from worker.loop.request import compile_messages, model_request
@@ -84,7 +89,18 @@ DEADLINE_SLACK_S = 0.05
 class Loop:
     """Runs steps of turns over the injected model, tools, store, events and hooks."""
 
-    __slots__ = ("catalog", "clock", "events", "hooks", "model", "observer", "store", "tools")
+    __slots__ = (
+        "catalog",
+        "clock",
+        "events",
+        "hooks",
+        "ledger",
+        "model",
+        "observer",
+        "price",
+        "store",
+        "tools",
+    )
 
     def __init__(
         self,
@@ -97,8 +113,14 @@ class Loop:
         hooks: Hook | None = None,
         observer: LoopObserver | None = None,
         clock: Callable[[], float] = time.time,
+        price: Price = free,
+        ledger: SpendLedger | None = None,
     ) -> None:
         self.model = model
+        self.price = price
+        """The cost of a model call's usage (the workers' price table)."""
+        self.ledger = ledger
+        """Each agent's spend per day, for daily budgets (none: they are not checked)."""
         self.catalog = catalog
         self.store = store
         self.events = events
@@ -225,11 +247,21 @@ class Loop:
             stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self.end(stopped, agent, "stop", ex.last_content)
         started = self.clock()
+        if ex.budget_spent is None and configured(agent, ex):
+            checked = await self._check_budgets(state, agent, index)
+            if isinstance(checked, Finished):
+                return checked
+            state = checked
+            ex = turn_of(state)
         messages = await compile_messages(self.store, self.hooks, state, agent, ctx)
         if ctx.stop_signal is not None:  # e.g. a guard judged the input: no model call
             stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self.end(stopped, agent, "stop", ex.last_content)
-        offered = [d for d in await self.catalog.available() if agent.allows(d.name)]
+        if ex.budget_spent is None:
+            offered = [d for d in await self.catalog.available() if agent.allows(d.name)]
+        else:  # the last call of a spent budget: no tools, and a note to answer now
+            offered = []
+            messages = [*messages, ChatMessage(role="user", content=agent.budget_note)]
         request = model_request(state, agent, messages, offered, self.clock())
         return ModelCall(
             parked=self.store.park(state),
@@ -241,6 +273,32 @@ class Loop:
             started=started,
             called=self.clock(),
         )
+
+    async def _check_budgets(
+        self, state: AgentState, agent: AgentSpec, index: int
+    ) -> AgentState | Finished:
+        """Before a model call: a spent budget makes this the turn's last call (saved, so a
+        redone step makes the same one), or ends the turn at once when not even that fits."""
+        ex = turn_of(state)
+        today = None
+        if self.ledger is not None and not agent.daily_budget.empty:
+            today = await self.ledger.spent_today(ex.request.agent)
+        spent = first_spent(state, agent, self.clock(), today)
+        if spent is None:
+            return state
+        observe(self.observer.budget_exhausted, ex.request.agent, spent.name)
+        state = with_execution(
+            state, budget_spent=spent.name, stop_signal=StopSignal(source=spent.name)
+        )
+        if spent.final_call:
+            state = await self._save(state)
+        exhausted = BudgetExhausted(
+            budget=spent.name, limit=spent.limit, used=spent.used, final_call=spent.final_call
+        )
+        await self._emit("budget.exhausted", exhausted, state, step=index, at=ex.updated_at)
+        if not spent.final_call:
+            return await self.end(state, agent, "budget", ex.last_content)
+        return state
 
     async def _redispatch(self, state: AgentState) -> AgentState:
         """The tool phase is redone (the worker that saved the model's answer did not finish
@@ -303,6 +361,7 @@ class Loop:
             state,
             pending=pending,
             usage=ex.usage + response.usage,
+            cost_usd=ex.cost_usd + self.price(call.model, response.usage),
             last_content=content if content else ex.last_content,
             stop_signal=ex.stop_signal or ctx.stop_signal,
         )
@@ -355,6 +414,8 @@ class Loop:
             # an answer cut short by the model's token limit ends the turn with what it said,
             # and says so: it is not mistaken for a whole answer
             reason: FinishReason = "length" if response.finish_reason == "length" else "stop"
+            if ex.budget_spent is not None:
+                reason = "budget"
             outcome = await self.end(
                 state, agent, reason, response.message.content, step=record, invoked=unsaved
             )
@@ -362,7 +423,7 @@ class Loop:
             outcome = await self.end(
                 state,
                 agent,
-                "stop",
+                "budget" if ex.budget_spent is not None else "stop",
                 ex.last_content,
                 append=tool_messages,
                 step=record,
@@ -427,6 +488,8 @@ class Loop:
         persist = ex.request.persist
         final = closed(state, appended=len(append) if persist else 0, now=now)
         saved = await self.store.save(final, append=append if persist else (), result=result)
+        if self.ledger is not None and not agent.daily_budget.empty:
+            await self.ledger.add_spent(ex.request.agent, turn_spend(ex, now))
         observe(self.observer.turn_finished, result)
         if step is not None:
             await self._emit_step(state, step, invoked=invoked)

@@ -9,7 +9,7 @@ from typing import Any, Final, Literal, ParamSpec, Protocol
 
 from contracts.events import Event
 from contracts.messages import ChatMessage, Usage
-from contracts.state import AgentState, ModelResponse
+from contracts.state import AgentState, ModelResponse, Spend
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.turns import TurnResult
 
@@ -139,6 +139,9 @@ class LoopObserver:
     def empty_streak_hints(self, agent: str, count: int) -> None:
         """The empty-streak guard appended ``count`` hints in one step."""
 
+    def budget_exhausted(self, agent: str, budget: str) -> None:
+        """A budget (``<scope>.<limit>``) was found spent before a model call."""
+
     def iteration_cap_hit(self, agent: str) -> None:
         """The iteration cap ended a turn (``finish_reason: max_iterations``)."""
 
@@ -149,3 +152,20 @@ def observe(notify: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> Non
         notify(*args, **kwargs)
     except Exception:
         log.exception("loop observer %s failed", getattr(notify, "__name__", notify))
+
+
+class SpendLedger(Protocol):
+    """What each agent's finished turns spent, per day (UTC), fleet-wide: the daily budgets."""
+
+    async def spent_today(self, agent: str) -> Spend: ...
+
+    async def add_spent(self, agent: str, spend: Spend) -> None: ...
+
+
+Price = Callable[[str | None, Usage], float]
+"""The cost in USD of one model call's usage, by the model that was asked (``None``: the
+worker's default model)."""
+
+
+def free(_model: str | None, _usage: Usage) -> float:
+    return 0.0

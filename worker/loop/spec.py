@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from contracts.base import AgentName, Contract
-from contracts.turns import LoopLimits
+from contracts.turns import Budget, LoopLimits
 
 
 class AgentSpec(Contract):
@@ -32,6 +32,23 @@ class AgentSpec(Contract):
         gt=0,
         le=30 * 24 * 3600,
         description="A call undecided this long is rejected.",
+    )
+
+    budget: Budget = Field(default_factory=Budget, description="What one turn may spend.")
+    session_budget: Budget = Field(
+        default_factory=Budget, description="What a session's turns may spend, together."
+    )
+    daily_budget: Budget = Field(
+        default_factory=Budget,
+        description="What the agent's turns may spend in a day (UTC), across every session.",
+    )
+    budget_note: str = Field(
+        default=(
+            "Your budget for this request is spent: answer now with what you have, saying "
+            "what you could not finish."
+        ),
+        max_length=2000,
+        description="Sent with the last model call once a budget is spent (no tools offered).",
     )
 
     def allows(self, tool: str) -> bool:

@@ -18,6 +18,7 @@ from contracts.state import (
     ToolExecution,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
+from worker.loop.budgets import turn_spend
 from worker.loop.spec import AgentSpec
 
 
@@ -54,7 +55,7 @@ def turn_result(
 ) -> TurnResult:
     """The result of the turn attached to ``state``, finishing now for ``reason``."""
     ex = turn_of(state)
-    stop: StopSignal | None = ex.stop_signal if reason in ("stop", "cancelled") else None
+    stop: StopSignal | None = ex.stop_signal if reason in ("stop", "cancelled", "budget") else None
     return TurnResult(
         turn_id=ex.turn_id,
         session_id=state.session_id,
@@ -64,6 +65,7 @@ def turn_result(
         error=error,
         stopped_by=stop.source if stop else None,
         usage=ex.usage,
+        cost_usd=ex.cost_usd,
         steps=len(ex.steps),
         duration_s=max(0.0, now - ex.started_at),
         completed_at=now,
@@ -75,10 +77,16 @@ def closed(state: AgentState, *, appended: int, now: float) -> AgentState:
     ``persist: false`` turn leaves the session as it found it: its count of turns too."""
     ex = state.execution
     counted = 0 if ex is not None and not ex.request.persist else 1
+    spent = state.spent
+    if ex is not None and ex.request.persist:
+        # a persist: false turn leaves the session as it was; it counts only in the turn's
+        # own budget and the agent's day
+        spent = spent + turn_spend(ex, now)
     return state.model_copy(
         update={
             "execution": None,
             "execution_count": state.execution_count + counted,
+            "spent": spent,
             "history_len": state.history_len + appended,
             "updated_at": now,
         }

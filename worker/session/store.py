@@ -44,7 +44,7 @@ from contracts.base import Contract
 from contracts.codec import decode, encode, encode_stored, read_stored
 from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
 from contracts.messages import ChatMessage
-from contracts.state import AgentState
+from contracts.state import AgentState, Spend
 from contracts.turns import TurnRequest, TurnResult
 from worker import failpoints
 from worker.errors import StaleStateError
@@ -146,6 +146,25 @@ class RedisStore:
             )
         at = _bytes(parked[0]).decode() if parked else ""
         return Recorded(_bytes(status).decode(), int(at) if at else None)  # type: ignore[arg-type]
+
+    async def spent_today(self, agent: str) -> Spend:
+        with self.timed("read"):
+            values = await self.redis.hgetall(keys.agent_spend(agent, _day(self.clock())))
+        fields = {_bytes(k).decode(): float(_bytes(v)) for k, v in values.items()}
+        return Spend.model_validate(
+            {k: int(v) if k != "cost_usd" and k != "wall_s" else v for k, v in fields.items()}
+        )
+
+    async def add_spent(self, agent: str, spend: Spend) -> None:
+        key = keys.agent_spend(agent, _day(self.clock()))
+        with self.timed("write"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hincrby(key, "total_tokens", spend.total_tokens)
+                pipe.hincrbyfloat(key, "cost_usd", spend.cost_usd)
+                pipe.hincrby(key, "tool_calls", spend.tool_calls)
+                pipe.hincrbyfloat(key, "wall_s", spend.wall_s)
+                pipe.expire(key, 2 * 24 * 3600)
+                await pipe.execute()
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
         if requests:
@@ -467,6 +486,10 @@ def _unpack(chunks: Sequence[bytes | str]) -> list[dict[str, Any]]:
         unpacker.feed(data)
         out.extend(unpacker)
     return out
+
+
+def _day(now: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(now))
 
 
 def _time(value: bytes | str) -> float | None:

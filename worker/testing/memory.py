@@ -18,7 +18,7 @@ from contracts.base import Contract
 from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
 from contracts.events import Event
 from contracts.messages import ChatMessage
-from contracts.state import AgentState
+from contracts.state import AgentState, Spend
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
@@ -60,6 +60,8 @@ class MemoryStore:
         """Each turn's recorded control messages by field (and ``parked``: its step)."""
         self.sessions_of: dict[str, str] = {}
         self.waiting_approvals: dict[str, ApprovalRequest] = {}
+        self.spend: dict[str, Spend] = {}
+        """Each agent's spend (one day: the memory store does not age it)."""
 
     # -- the session port ---------------------------------------------------------------
 
@@ -129,6 +131,12 @@ class MemoryStore:
             return Recorded("again", at)
         controls[field] = control
         return Recorded("recorded", at)
+
+    async def spent_today(self, agent: str) -> Spend:
+        return self.spend.get(agent, Spend())
+
+    async def add_spent(self, agent: str, spend: Spend) -> None:
+        self.spend[agent] = self.spend.get(agent, Spend()) + spend
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
         for r in requests:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from contracts.tools import ToolDefinition
 from worker.agents import AgentProfile, AgentProfiles
 from worker.loop import EventSink, Hook, Loop, Model, ToolCaller
-from worker.loop.ports import LoopObserver
+from worker.loop.ports import LoopObserver, Price, SpendLedger, free
 from worker.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
@@ -25,6 +25,8 @@ def sequencer_over(
     hooks: Hook | None = None,
     observer: LoopObserver | None = None,
     agents: Sequence[str | AgentProfile] = ("support",),
+    price: Price = free,
+    ledger: SpendLedger | None = None,
 ) -> SessionSequencer:
     """Every agent in ``agents`` (a name: a profile with defaults) may use every tool of
     ``definitions``."""
@@ -38,6 +40,8 @@ def sequencer_over(
             events=events,
             hooks=hooks,
             observer=observer,
+            price=price,
+            ledger=ledger,
         )
 
     return SessionSequencer(

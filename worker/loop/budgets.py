@@ -1,0 +1,88 @@
+"""Budgets: what a turn, a session and an agent in a day may spend, checked before every model
+call.
+
+Three scopes, each a ``Budget`` of the agent (``budget``, ``session_budget``,
+``daily_budget``; a turn request may lower the per-turn one, never raise it): total tokens,
+cost (from the workers' price table), tool calls and wall time. The session's spend is kept in
+its state (``AgentState.spent``, its finished turns) and the agent's day in the store's
+ledger (its finished turns that day, UTC); both are counted with the turn's own spend so far.
+Other turns still running elsewhere are counted once they end.
+
+When one is spent the turn makes one last model call without tools, with the agent's
+``budget_note``, and ends with ``finish_reason: budget`` and ``stopped_by`` naming the budget
+(``turn.max_tool_calls`` …): a graceful answer, never an exception. A budget that cannot even
+afford that call — wall time that is up, or a session or day spent before the turn called the
+model at all — ends the turn at once with the last content.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contracts.state import AgentState, ExecutionState, Spend
+from contracts.turns import Budget
+from worker.loop.spec import AgentSpec
+
+LIMITS = {
+    "max_total_tokens": "total_tokens",
+    "max_cost_usd": "cost_usd",
+    "max_tool_calls": "tool_calls",
+    "max_wall_s": "wall_s",
+}
+"""Each limit of a ``Budget`` and the ``Spend`` it bounds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """A budget found spent: ``<scope>.<limit>``, its limit and what was used."""
+
+    name: str
+    limit: float
+    used: float
+    final_call: bool
+    """Whether one last model call (without tools) is made before the turn ends."""
+
+
+def turn_spend(ex: ExecutionState, now: float) -> Spend:
+    calls = sum(len(record.step.tool_executions) for record in ex.steps)
+    return Spend(
+        total_tokens=ex.usage.total_tokens,
+        cost_usd=ex.cost_usd,
+        tool_calls=calls,
+        wall_s=max(0.0, now - ex.started_at),
+    )
+
+
+def configured(agent: AgentSpec, ex: ExecutionState) -> bool:
+    """Whether any budget applies to the turn (if none, nothing is computed)."""
+    return not (
+        agent.budget.empty
+        and ex.request.budget.empty
+        and agent.session_budget.empty
+        and agent.daily_budget.empty
+    )
+
+
+def first_spent(
+    state: AgentState, agent: AgentSpec, now: float, today: Spend | None
+) -> Spent | None:
+    """The first budget that is spent, by scope (turn, session, agent's day) and limit."""
+    ex = state.execution
+    assert ex is not None
+    mine = turn_spend(ex, now)
+    scopes: list[tuple[str, Budget, Spend]] = [
+        ("turn", agent.budget.lowered(ex.request.budget), mine),
+        ("session", agent.session_budget, state.spent + mine),
+    ]
+    if today is not None:
+        scopes.append(("agent_day", agent.daily_budget, today + mine))
+    called = bool(ex.steps) or ex.usage.total_tokens > 0
+    for scope, budget, spend in scopes:
+        for limit_name, spend_name in LIMITS.items():
+            limit = getattr(budget, limit_name)
+            used = getattr(spend, spend_name)
+            if limit is not None and used >= limit:
+                spent_before = scope != "turn" and not called
+                final = limit_name != "max_wall_s" and not spent_before
+                return Spent(f"{scope}.{limit_name}", float(limit), float(used), final)
+    return None
