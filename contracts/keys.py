@@ -122,3 +122,9 @@ def agent_spend(agent: str, day: str) -> str:
     """Hash of what an agent's finished turns spent on one day (UTC, ``YYYY-MM-DD``):
     ``total_tokens``, ``cost_usd``, ``tool_calls``, ``wall_s``; kept two days."""
     return f"{PREFIX}:spend:{agent}:{day}"
+
+
+def rate_limit(endpoint: str, limit: str) -> str:
+    """String: a model endpoint's rate-limit state (``requests`` or ``tokens``); both of one
+    endpoint share its hash tag (the admission script reads both)."""
+    return f"{PREFIX}:rate:{{{endpoint}}}:{limit}"

@@ -135,9 +135,10 @@ class StopSignal(Contract):
 
 
 class Wait(Contract):
-    """What a parked turn waits for. ``approval``: decisions on ``call_ids``."""
+    """What a parked turn waits for. ``approval``: decisions on ``call_ids``; ``throttled``:
+    its slot under the model's rate limits, at ``until``."""
 
-    kind: Literal["approval"]
+    kind: Literal["approval", "throttled"]
     call_ids: tuple[str, ...] = ()
     since: float
     until: float | None = Field(default=None, description="When the wait times out.")

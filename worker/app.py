@@ -31,6 +31,7 @@ from worker.loop import Loop
 from worker.metrics import CountingSink, WorkerMetrics, build_info
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelClient, ModelHttpClient
+from worker.ratelimit import RedisRateLimiter
 from worker.redaction import REDACT
 from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
@@ -138,6 +139,14 @@ class Worker:
             )
 
             price = price_table(s)
+            limiter = None
+            if s.model.requests_per_minute or s.model.tokens_per_minute:
+                limiter = RedisRateLimiter(
+                    redis,
+                    endpoint=s.model.base_url,
+                    requests_per_minute=s.model.requests_per_minute,
+                    tokens_per_minute=s.model.tokens_per_minute,
+                )
 
             def loop_factory(session: StepSession, profile: AgentProfile) -> Loop:
                 return Loop(
@@ -150,6 +159,7 @@ class Worker:
                     observer=self.metrics,
                     price=price,
                     ledger=store,
+                    limiter=limiter,
                 )
 
             work = SessionSequencer(

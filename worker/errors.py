@@ -42,9 +42,13 @@ class ToolUnavailableError(ToolCallError):
 class ModelError(LoopwireError):
     """The model call failed for good (after the client's own retries)."""
 
-    def __init__(self, message: str, *, code: str = "model_error") -> None:
+    def __init__(
+        self, message: str, *, code: str = "model_error", retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.retry_after = retry_after
+        """Set when the endpoint said to slow down (429): the seconds it asked to wait."""
 
 
 class ProfileError(LoopwireError, ValueError):

@@ -168,6 +168,13 @@ class WorkerMetrics(LoopObserver):
             ["agent", "budget"],
             registry=r,
         )
+        self.throttles = Counter(
+            "loopwire_steps_throttled",
+            "Steps that parked their turn for the model's rate limits (reason: rate_limit, "
+            "or 429 from the model).",
+            ["agent", "reason"],
+            registry=r,
+        )
         self.dead_lettered = Counter(
             "loopwire_dead_lettered",
             "Work messages sent to the dead-letter queue, by reason code.",
@@ -267,6 +274,9 @@ class WorkerMetrics(LoopObserver):
 
     def iteration_cap_hit(self, agent: str) -> None:
         self.child(self.caps, agent).inc()
+
+    def throttled(self, agent: str, reason: str) -> None:
+        self.child(self.throttles, agent, reason).inc()
 
     def budget_exhausted(self, agent: str, budget: str) -> None:
         self.child(self.budgets, agent, budget).inc()

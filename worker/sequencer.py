@@ -42,8 +42,8 @@ from worker.session.port import SessionStore, StepSession
 log = logging.getLogger("loopwire.sequencer")
 
 WAIT_EARLY_S = 1.0
-"""A timeout message back this little before its time counts as due (the workers' clocks
-differ a little; the wait queues' delays are whole seconds)."""
+"""An approval's timeout message back this little before its time counts as due (the
+workers' clocks differ a little; the wait queues' delays are whole seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +245,9 @@ class SessionSequencer:
             if timer is not None:
                 timer.cancel()
         if isinstance(outcome, Waiting):
-            await self._list_waiting(outcome.state)
+            waiting = turn_of(outcome.state).wait
+            if waiting is not None and waiting.kind == "approval":
+                await self._list_waiting(outcome.state)
             return self._waiting(outcome, work, session)
         if ready.waited:
             await self.store.clear_approvals(work.turn_id, ready.waited)
@@ -310,14 +312,20 @@ class SessionSequencer:
         ex = turn_of(state)
         wait = ex.wait
         assert wait is not None
+        if wait.kind == "throttled" and work.wait_until is None:
+            # not its timeout: it waits for its slot (sent again, in case the worker that
+            # parked it died before it could send it)
+            return [Delay(work.model_copy(update={"wait_until": wait.until}))]
         woken = with_decisions(state, session.decisions)
         if work.wait_until is not None:
             if work.wait_until != wait.until:
                 return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
             now = self.clock()
-            if now < work.wait_until - WAIT_EARLY_S:  # one hop of several: on to the next
+            # a throttled turn waits its whole wait (a Retry-After is a floor)
+            early = WAIT_EARLY_S if wait.kind == "approval" else 0.0
+            if now < work.wait_until - early:  # one hop of several: on to the next
                 return [Delay(work)]
-            return timed_out(woken, now)
+            return timed_out(woken, now) if wait.kind == "approval" else woken
         return woken
 
     async def _list_waiting(self, state: AgentState) -> None:

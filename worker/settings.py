@@ -31,12 +31,25 @@ class ModelSettings(BaseModel):
     )
     connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
     max_retries: int = Field(
-        default=2, ge=0, le=10, description="The openai client's retries of 429/5xx."
+        default=2,
+        ge=0,
+        le=10,
+        description="The openai client's retries of 5xx and dropped connections (a 429 parks "
+        "the turn instead).",
     )
     bad_response_retries: int = Field(
         default=2, ge=0, le=10, description="Retries of a malformed 200 body."
     )
     max_connections: int = Field(default=1000, ge=1, description="HTTP connection pool size.")
+    requests_per_minute: int = Field(
+        default=0,
+        ge=0,
+        description="Fleet-wide limit of calls to this endpoint per minute, shared by every "
+        "worker through Redis (0: none).",
+    )
+    tokens_per_minute: int = Field(
+        default=0, ge=0, description="Fleet-wide limit of (estimated) tokens per minute (0: none)."
+    )
 
 
 class ModelPrice(BaseModel):

@@ -369,3 +369,67 @@ async def test_a_model_that_calls_tools_forever_is_stopped_by_its_budget_with_an
         'loopwire_budget_exhausted_total{agent="support",budget="turn.max_tool_calls"} 1.0'
         in metrics
     )
+
+
+async def test_a_429_storm_parks_turns_instead_of_filling_the_workers_with_sleeping_steps(
+    scripted_model: ScriptedModel,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    """Two workers, a model that answers 429 (Retry-After: 2) to every tenth call: every turn
+    completes, each throttled turn waited at least the Retry-After, and while the throttled
+    turns waited no worker held a step."""
+    calls = 0
+    throttled_at: dict[str, float] = {}
+    waited: list[float] = []
+
+    def responder(request: dict[str, Any]) -> Reply:
+        nonlocal calls
+        calls += 1
+        question = request["messages"][-1]["content"]
+        if question in throttled_at:
+            waited.append(time.monotonic() - throttled_at[question])
+        elif calls % 10 == 0:
+            throttled_at[question] = time.monotonic()
+            return Reply.error(429, "slow down", headers={"Retry-After": "2"})
+        return Reply.text("answered")
+
+    scripted_model.respond_with(responder)
+    agents = write_agents(tmp_path / "agents.json", [])
+    workers = [
+        WorkerProcess(model_url=scripted_model.base_url, agents_file=agents) for _ in range(2)
+    ]
+    samples: list[float] = []
+
+    async def in_progress() -> None:
+        async with aiohttp.ClientSession() as http:
+            while True:
+                total = 0.0
+                for worker in workers:
+                    url = f"http://127.0.0.1:{worker.port}/metrics"
+                    async with http.get(url) as response:
+                        for line in (await response.text()).splitlines():
+                            if line.startswith("loopwire_steps_in_progress "):
+                                total += float(line.split()[1])
+                samples.append(total)
+                await asyncio.sleep(0.2)
+
+    for worker in workers:
+        await worker.start()
+    sampler = asyncio.create_task(in_progress())
+    try:
+        results = await asyncio.gather(
+            *(client.run_turn("support", f"question {n}", timeout=60) for n in range(25))
+        )
+    finally:
+        sampler.cancel()
+        for worker in workers:
+            worker.close()
+    assert all(r.finish_reason == "stop" and r.content == "answered" for r in results)
+    assert len(throttled_at) >= 2, "the storm happened"
+    assert calls == 25 + len(throttled_at), "each throttled call was made once more, no more"
+    assert len(waited) == len(throttled_at)
+    assert min(waited) >= 2.0, f"each throttled turn waited its Retry-After: {waited}"
+    # the last turns left waiting on their Retry-After are parked: nothing is in progress
+    assert samples and min(samples) == 0.0
+    assert all(w.errors() == [] for w in workers)

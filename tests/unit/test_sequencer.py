@@ -20,12 +20,15 @@ from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from contracts.work import StepWork
-from worker.agents import AgentProfile
-from worker.loop import Hook, HookContext
+from worker.agents import AgentProfile, AgentProfiles
+from worker.errors import ModelError
+from worker.loop import Hook, HookContext, Loop
 from worker.loop.ports import LoopObserver, ModelRequest
 from worker.sequencer import Busy, Delay, Drop, Reply, SessionSequencer, Step
+from worker.session.leases import LeaseKeeper
+from worker.session.port import StepSession
 from worker.testing.broker import ScriptedAnswers
-from worker.testing.memory import FunctionTools, ListSink, MemoryStore
+from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog
 from worker.testing.sequencing import sequencer_over
 
 SESSION = "s1"
@@ -683,3 +686,66 @@ async def test_a_turn_past_its_deadline_mid_step_is_abandoned_and_ends_as_cancel
 
     assert (result.finish_reason, result.stopped_by) == ("cancelled", "deadline")
     assert model.calls == 1
+
+
+# -- throttled ------------------------------------------------------------------------------
+
+
+class SlotLimiter:
+    """Admits a call once ``open_at`` has passed; says how long to wait before."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.open_at = time.time() + wait_s
+        self.asked = 0
+
+    async def admit(self, messages: Any, max_tokens: int | None) -> float:
+        self.asked += 1
+        return max(0.0, self.open_at - time.time())
+
+
+def throttling_rig(model: ScriptedAnswers, limiter: SlotLimiter | None = None) -> SessionSequencer:
+    store = MemoryStore()
+
+    def loop_factory(session: StepSession, _profile: AgentProfile) -> Loop:
+        return Loop(
+            model=model,
+            tools=FunctionTools({"lookup": lookup}),
+            catalog=StaticCatalog([LOOKUP]),
+            store=session,
+            events=ListSink(),
+            limiter=limiter,
+        )
+
+    return SessionSequencer(
+        store=store,
+        leases=LeaseKeeper(store),
+        profiles=AgentProfiles(agents=(AgentProfile(name="support"),)),
+        loop_factory=loop_factory,
+        events=ListSink(),
+    )
+
+
+@pytest.mark.parametrize("cause", ["rate_limit", "429"])
+async def test_a_throttled_step_parks_its_turn_until_its_slot(cause: str) -> None:
+    model = ScriptedAnswers()
+    limiter = None
+    if cause == "rate_limit":
+        limiter = SlotLimiter(1.2)
+    else:
+        model.answers.append(ModelError("slow down", code="model_http_429", retry_after=1.2))
+    model.answers.append(answers("Finally."))
+    sequencer = throttling_rig(model, limiter)
+    await sequencer.on_request(request("t1"))
+
+    [delay] = await sequencer.on_step(work("t1", 0))
+    assert isinstance(delay, Delay) and delay.work.wait_until is not None
+    assert delay.work.wait_until >= time.time() + 1.0
+    # any other step message for it sends the timeout again; the model is not asked early
+    assert await sequencer.on_step(work("t1", 0)) == [delay]
+    assert await sequencer.on_step(delay.work) == [delay], "back early: on through the queues"
+    await asyncio.sleep(max(0.0, delay.work.wait_until - time.time() + 0.05))
+
+    result = replied(await sequencer.on_step(delay.work))
+    assert result.content == "Finally."
+    assert len(model.requests) == (1 if cause == "rate_limit" else 2)
+    model.assert_done()

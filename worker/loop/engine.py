@@ -45,6 +45,7 @@ from contracts.state import (
     StepExecution,
     StopSignal,
     ToolExecution,
+    Wait,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest
 from worker.errors import ModelError
@@ -59,6 +60,7 @@ from worker.loop.ports import (
     LoopObserver,
     Model,
     Price,
+    RateLimiter,
     SpendLedger,
     StateStore,
     ToolCaller,
@@ -82,6 +84,9 @@ from worker.loop.turn import (
 
 log = logging.getLogger("loopwire.loop")
 
+MAX_RETRY_AFTER_S = 300.0
+"""A 429's Retry-After is honoured up to this long."""
+
 DEADLINE_SLACK_S = 0.05
 """A model call that fails this close to the turn's deadline was cut by it."""
 
@@ -95,6 +100,7 @@ class Loop:
         "events",
         "hooks",
         "ledger",
+        "limiter",
         "model",
         "observer",
         "price",
@@ -115,8 +121,11 @@ class Loop:
         clock: Callable[[], float] = time.time,
         price: Price = free,
         ledger: SpendLedger | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.model = model
+        self.limiter = limiter
+        """The model endpoint's fleet-wide rate limits (none: not limited)."""
         self.price = price
         """The cost of a model call's usage (the workers' price table)."""
         self.ledger = ledger
@@ -156,7 +165,7 @@ class Loop:
         phase = await ready
         if isinstance(phase, ModelCall):
             phase = await self._after_model(phase, agent)
-        if isinstance(phase, Finished):
+        if isinstance(phase, Finished | Waiting):
             return phase
         state = phase.state
         ex = turn_of(state)
@@ -240,6 +249,13 @@ class Loop:
             if ex.status == "waiting":
                 return RunAgain(state)  # parked: the approval gate decides what happens
             return RunAgain(await self._redispatch(state))
+        if ex.status == "waiting":  # throttled, and its slot has come: on to the model
+            state = await self._save(with_execution(state, status="in_progress", wait=None))
+        return await self._ask_model(state, agent)
+
+    async def _ask_model(self, state: AgentState, agent: AgentSpec) -> Phase:
+        """``before_step``, the budgets, the messages, the rate limits, then the model call."""
+        ex = turn_of(state)
         index = len(ex.steps)
         ctx = HookContext(state=state, agent=agent, step=index)
         await self.hooks.before_step(ctx)
@@ -263,6 +279,11 @@ class Loop:
             offered = []
             messages = [*messages, ChatMessage(role="user", content=agent.budget_note)]
         request = model_request(state, agent, messages, offered, self.clock())
+        if self.limiter is not None:
+            wait = await self.limiter.admit(messages, request.max_tokens)
+            if wait > 0:
+                observe(self.observer.throttled, ex.request.agent, "rate_limit")
+                return await self._throttle(state, wait)
         return ModelCall(
             parked=self.store.park(state),
             answer=self.model.complete(request),
@@ -273,6 +294,16 @@ class Loop:
             started=started,
             called=self.clock(),
         )
+
+    async def _throttle(self, state: AgentState, wait_s: float) -> Waiting:
+        """Park the turn until the model may be asked again (a rate limit, a 429): saved as
+        waiting, the lease let go; its timeout message wakes it."""
+        now = self.clock()
+        waiting = Wait(kind="throttled", since=now, until=now + wait_s)
+        state = await self._save(
+            with_execution(state, status="waiting", wait=waiting), release=True
+        )
+        return Waiting(state, waiting.until)
 
     async def _check_budgets(
         self, state: AgentState, agent: AgentSpec, index: int
@@ -335,7 +366,9 @@ class Loop:
         observe(self.observer.turn_started, ex.request.agent)
         return state
 
-    async def _after_model(self, call: ModelCall, agent: AgentSpec) -> RunAgain | Finished:
+    async def _after_model(
+        self, call: ModelCall, agent: AgentSpec
+    ) -> RunAgain | Finished | Waiting:
         """Wait for the model's answer, then save it (before any tool runs)."""
         try:
             response = await call.answer
@@ -367,11 +400,17 @@ class Loop:
         )
         return RunAgain(await self._save(state, append=[response.message]))
 
-    async def _model_failed(self, call: ModelCall, agent: AgentSpec, exc: ModelError) -> Finished:
+    async def _model_failed(
+        self, call: ModelCall, agent: AgentSpec, exc: ModelError
+    ) -> Finished | Waiting:
         """A model call that failed for good ends the turn with ``error``; the step is recorded
-        with its error (and announced, ``step.completed``)."""
+        with its error (and announced, ``step.completed``). A 429 parks the turn instead, for
+        as long as the endpoint asked."""
         state = call.parked.unpark()
         ex = turn_of(state)
+        if exc.retry_after is not None:
+            observe(self.observer.throttled, ex.request.agent, "429")
+            return await self._throttle(state, min(exc.retry_after, MAX_RETRY_AFTER_S))
         deadline = ex.request.deadline
         if deadline is not None and self.clock() >= deadline - DEADLINE_SLACK_S:
             # the call was cut at the turn's deadline: the turn is out of time, not failed

@@ -53,6 +53,6 @@ class ModelCall:
     called: float
 
 
-Phase = RunAgain | Finished | ModelCall
+Phase = RunAgain | Finished | ModelCall | Waiting
 """Where the phase before the model call leaves a step: the tools are next (``RunAgain``), the
 turn is over, or the model has been asked."""

@@ -142,6 +142,9 @@ class LoopObserver:
     def budget_exhausted(self, agent: str, budget: str) -> None:
         """A budget (``<scope>.<limit>``) was found spent before a model call."""
 
+    def throttled(self, agent: str, reason: str) -> None:
+        """A step parked its turn for a rate limit (``rate_limit``, or the model's ``429``)."""
+
     def iteration_cap_hit(self, agent: str) -> None:
         """The iteration cap ended a turn (``finish_reason: max_iterations``)."""
 
@@ -169,3 +172,11 @@ worker's default model)."""
 
 def free(_model: str | None, _usage: Usage) -> float:
     return 0.0
+
+
+class RateLimiter(Protocol):
+    """Admits model calls under the fleet-wide rate limits of the model endpoint."""
+
+    async def admit(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> float:
+        """0 when the call may go now, else the seconds until its slot."""
+        ...

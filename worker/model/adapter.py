@@ -49,9 +49,12 @@ from contracts.state import ModelResponse
 from worker.errors import ModelError
 from worker.loop.ports import ModelRequest
 from worker.loop.transcript import wire_messages
-from worker.model.http import ChatOptions, chat_options
+from worker.model.http import ChatOptions, chat_options, retry_after_s
 
 log = logging.getLogger("loopwire.model")
+
+RATE_LIMIT_BACKOFF_S = 2.0
+"""How long a turn waits after a 429 that says nothing of how long to wait."""
 
 
 def build_body(request: ModelRequest, default_model: str) -> dict[str, Any]:
@@ -155,6 +158,11 @@ class OpenAIModel:
                 raise ModelError(
                     f"model endpoint answered {exc.status_code}: {_short(exc.message)}",
                     code=f"model_http_{exc.status_code}",
+                    retry_after=(
+                        retry_after_s(exc.response.headers) or RATE_LIMIT_BACKOFF_S
+                        if exc.status_code == 429
+                        else None
+                    ),
                 ) from exc
             except (openai.APITimeoutError, openai.APIConnectionError) as exc:
                 raise ModelError(

@@ -123,6 +123,13 @@ class ModelClient(openai.AsyncOpenAI):
 
     _prepared: tuple[str, httpx2.URL, httpx2.URL] | None = None
 
+    def _should_retry(self, response: httpx2.Response) -> bool:
+        # a 429 is not slept on in the worker: the step parks its turn as throttled instead
+        # (the client's own retries stay for 5xx and dropped connections)
+        if response.status_code == 429:
+            return False
+        return super()._should_retry(response)
+
     def _prepare_url(self, url: str) -> httpx2.URL:
         base, prepared = self.base_url, self._prepared
         if prepared is not None and prepared[0] == url and prepared[1] is base:
@@ -232,3 +239,20 @@ class ModelHttpClient(openai.DefaultAioHttpClient):
             await response.aclose()
             raise
         return response
+
+
+def retry_after_s(headers: httpx2.Headers) -> float | None:
+    """The seconds a ``Retry-After`` (or ``retry-after-ms``) header asks for, if any."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: not worth parsing here; the default backoff applies

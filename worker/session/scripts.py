@@ -138,3 +138,26 @@ for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
 if len == 1 then return {'start', '', ARGV[5]} end
 return {'queued', tostring(len - 1), ARGV[5]}
 """
+
+# Fleet-wide model rate limits, GCRA: each key holds its limit's theoretical arrival time (ms);
+# a minute's worth of requests (tokens) may come at once. Both limits admit a call together,
+# or neither changes and the call waits for the later of the two.
+# KEYS: requests tokens (one endpoint's, one hash tag) ; ARGV: now_ms, rpm, tpm, tokens
+# -> 0 (admitted) or the milliseconds to wait
+ADMIT: Final = """
+local now = tonumber(ARGV[1])
+local function next_tat(key, per_minute, cost)
+  if per_minute <= 0 or cost <= 0 then return nil, 0 end
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now then tat = now end
+  local new = tat + cost * 60000 / per_minute
+  return new, math.max(0, new - 60000 - now)
+end
+local rtat, rwait = next_tat(KEYS[1], tonumber(ARGV[2]), 1)
+local ttat, twait = next_tat(KEYS[2], tonumber(ARGV[3]), math.min(tonumber(ARGV[4]), tonumber(ARGV[3])))
+local wait = math.max(rwait, twait)
+if wait > 0 then return math.ceil(wait) end
+if rtat then redis.call('SET', KEYS[1], rtat, 'PX', 120000) end
+if ttat then redis.call('SET', KEYS[2], ttat, 'PX', 120000) end
+return 0
+"""

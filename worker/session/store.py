@@ -456,8 +456,9 @@ def _parked_arg(state: AgentState, parked: int | None) -> str:
     """The save script's ``parked``: the step a turn parks at, '-' when a parked turn goes on
     (or ends), '' otherwise."""
     ex = state.execution
-    if ex is not None and ex.status == "waiting" and ex.pending is not None:
-        return "" if parked == ex.pending.index else str(ex.pending.index)
+    if ex is not None and ex.status == "waiting":
+        index = ex.pending.index if ex.pending is not None else len(ex.steps)
+        return "" if parked == index else str(index)
     return "-" if parked is not None else ""
 
 

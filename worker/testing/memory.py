@@ -302,10 +302,11 @@ class MemorySession:
         ex = state.execution
         key = (self.session_id, self.turn_id or (ex.turn_id if ex else ""))
         controls = self.store.controls.get(key)
-        if ex is not None and ex.status == "waiting" and ex.pending is not None:
+        if ex is not None and ex.status == "waiting":
             controls = self.store.controls.setdefault(key, {})
-            if self.parked != ex.pending.index:
-                controls["parked"] = self.parked = ex.pending.index
+            index = ex.pending.index if ex.pending is not None else len(ex.steps)
+            if self.parked != index:
+                controls["parked"] = self.parked = index
                 self.controls_waiting = len(controls) > 1
         elif self.parked is not None:
             self.parked = None
