@@ -170,6 +170,7 @@ class Worker:
                 profiles=self.profiles,
                 loop_factory=loop_factory,
                 events=sink,
+                observer=self.metrics,
                 deliver=redaction.deliver_for(
                     {p.name: p.redaction for p in self.profiles.agents if REDACT in p.hooks}
                 ),

@@ -168,6 +168,12 @@ class WorkerMetrics(LoopObserver):
             ["agent", "budget"],
             registry=r,
         )
+        self.cancellations = Counter(
+            "loopwire_turns_cancelled",
+            "Turns ended as cancelled, by reason: cancel (a turn.cancel), deadline.",
+            ["agent", "reason"],
+            registry=r,
+        )
         self.throttles = Counter(
             "loopwire_steps_throttled",
             "Steps that parked their turn for the model's rate limits (reason: rate_limit, "
@@ -247,6 +253,9 @@ class WorkerMetrics(LoopObserver):
         self.child(self.turns_finished, result.agent, reason).inc()
         self.child(self.turn_duration, result.agent, reason).observe(result.duration_s)
         self.child(self.turn_steps, result.agent).observe(result.steps)
+        if reason == "cancelled":
+            why = "deadline" if result.stopped_by == "deadline" else "cancel"
+            self.child(self.cancellations, result.agent, why).inc()
 
     def step_completed(self, agent: str, duration_s: float) -> None:
         self.child(self.step_duration, agent).observe(max(0.0, duration_s))

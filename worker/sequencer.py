@@ -35,6 +35,7 @@ from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import PermanentError
 from worker.loop import EventSink, Finished, Loop, StepOutcome, Waiting, new_execution
 from worker.loop.approvals import timed_out, with_decisions
+from worker.loop.ports import LoopObserver, observe
 from worker.loop.turn import turn_of, turn_result, with_execution
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
@@ -104,7 +105,10 @@ class SessionSequencer:
         events: EventSink,
         clock: Callable[[], float] = time.time,
         deliver: Deliver = _as_is,
+        observer: LoopObserver | None = None,
     ) -> None:
+        self.observer = observer or LoopObserver()
+        """Hears of the turns ended here rather than by a loop (a queued turn cancelled)."""
         self.store = store
         self.leases = leases
         self.profiles = profiles
@@ -214,6 +218,8 @@ class SessionSequencer:
         ended, replies = await self.store.end_queued(session_id, turn_id, result)
         if ended == "finished":
             return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
+        if ended == "ended":
+            observe(self.observer.turn_finished, result)
         if ended == "head":
             # the session's running turn: its next step message (or the renewal of the step
             # running now) finds the cancel under the lease; a parked one has none, so the

@@ -608,3 +608,25 @@ async def test_closed_delivery_channel_is_neither_acked_nor_nacked(make_rig: Mak
     assert delivery.settlements == 0  # the broker delivers it again
     assert rig.publisher.published == []
     assert rig.dead_letters.published == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        (t.KIND_CANCEL, {"turn_id": "t1", "reason": ""}),
+        (t.KIND_DECISION, {"turn_id": "t1", "call_id": "c1", "decision": "edit"}),
+        (t.KIND_CANCEL, {"turn_id": "t1", "surprise": 1}),
+    ],
+)
+async def test_a_malformed_control_message_is_dead_lettered_and_rejects_no_turn(
+    make_rig: MakeRig, kind: str, body: dict[str, Any]
+) -> None:
+    rig = make_rig()
+    await rig.deliver(start(request("t1")))
+
+    delivery = await rig.deliver(MemoryDelivery(encode_obj(body), headers={t.H_KIND: kind}))
+
+    assert acked_once(delivery)
+    letter = only_dead_letter(rig)
+    assert letter.headers[t.H_REASON_CODE] == "schema"
+    assert rig.event_types("t1") == ["turn.accepted"], "the turn itself is not rejected"

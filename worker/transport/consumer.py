@@ -320,7 +320,8 @@ class Consumer:
             ),
         )
         self.metrics.dead_lettered.labels(letter.code).inc()
-        if step is None:
+        if step is None and headers.get(t.H_KIND) not in (t.KIND_CANCEL, t.KIND_DECISION):
+            # a turn request's turn is rejected; a bad control message rejects no turn
             await self._announce_rejected(message.body, reason, letter.code)
         return None
 
