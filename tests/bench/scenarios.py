@@ -499,10 +499,103 @@ async def scaling(ctx: Context) -> dict[str, Any]:
     return out
 
 
+NEVER_SPENT = {
+    "max_total_tokens": 10**12,
+    "max_cost_usd": 10.0**9,
+    "max_tool_calls": 10**6,
+    "max_wall_s": 10.0**6,
+}
+CONTROL_VARIANTS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "budgets": (
+        {"budget": NEVER_SPENT, "session_budget": NEVER_SPENT, "daily_budget": NEVER_SPENT},
+        {"LOOPWIRE_PRICES": json.dumps({"bench": {"input_per_m": 1.0, "output_per_m": 2.0}})},
+    ),
+    "rate_limit": (
+        {},
+        {
+            "LOOPWIRE_MODEL__REQUESTS_PER_MINUTE": str(10**9),
+            "LOOPWIRE_MODEL__TOKENS_PER_MINUTE": str(10**12),
+        },
+    ),
+}
+"""Turn controls in use but never reached: each is a row against loopwire with none in use
+(the cancel check, which every step makes, is in all of them)."""
+
+
+async def controls(ctx: Context) -> dict[str, Any]:
+    """What the turn controls cost a step when configured (limits never reached), against
+    loopwire with none configured, in alternating order at the first session count."""
+    plan = ctx.plan
+    sessions = plan.step_sessions[0]
+    await ctx.model.configure(delay=0)
+    base = LoopwireTarget(
+        ctx.shared,
+        ctx.model,
+        prefetch=plan.prefetch,
+        steps=plan.steps,
+        agents_dir=ctx.agents_dir,
+        extra_env={"LOOPWIRE_GRACE_S": "3"},
+        source=ctx.source,
+    )
+    targets: list[LoopwireTarget] = [base]
+    for variant, (agent_extra, env) in CONTROL_VARIANTS.items():
+        targets.append(
+            LoopwireTarget(
+                ctx.shared,
+                ctx.model,
+                prefetch=plan.prefetch,
+                steps=plan.steps,
+                agents_dir=ctx.agents_dir,
+                extra_env={"LOOPWIRE_GRACE_S": "3", **env},
+                source=ctx.source,
+                variant=variant,
+                agent_extra=agent_extra,
+            )
+        )
+    windows: dict[str, list[Window]] = {t.name: [] for t in targets}
+    try:
+        for target in targets:
+            target.profile_dir = ctx.profile_dir
+            await target.start(1)
+        for r in range(plan.rounds):
+            for target in targets if r % 2 == 0 else list(reversed(targets)):
+                window = await ctx.driver.measure(
+                    target,
+                    sessions=sessions,
+                    warmup_s=plan.step_warmup_s,
+                    window_s=plan.step_window_s,
+                )
+                windows[target.name].append(window)
+    finally:
+        for target in targets:
+            target.stop()
+    out: dict[str, Any] = {}
+    rows = []
+    base_cpu = median([w.cpu_ms_per_step for w in windows[base.name]])
+    for name, found in windows.items():
+        cpu = median([w.cpu_ms_per_step for w in found])
+        out[name] = {
+            "cpu_ms_per_step": cpu,
+            "ratio_to_none": ratio(cpu, base_cpu),
+            "per_round": [w.cpu_ms_per_step for w in found],
+        }
+        rows.append((name, cpu, ratio(cpu, base_cpu), [round(w.cpu_ms_per_step, 2) for w in found]))
+    ctx.tables.append(
+        table(
+            f"Turn controls configured but never reached, {sessions} sessions (loopwire: none "
+            "configured; target < 1.03x for what every step pays)",
+            ("system", "cpu ms/step", "vs none", "per round"),
+            rows,
+        )
+    )
+    return out
+
+
 SCENARIOS = {
     "adapter": adapter,
     "rpc": rpc,
     "step": step_cost,
     "concurrency": concurrency,
     "scaling": scaling,
+    "controls": controls,
 }

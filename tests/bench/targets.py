@@ -245,26 +245,26 @@ class LoopwireTarget(Target):
         agents_dir: Path,
         extra_env: dict[str, str] | None = None,
         source: Path | None = None,
+        variant: str = "",
+        agent_extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(shared, model, prefetch=prefetch, steps=steps)
+        if variant:
+            self.name = f"loopwire-{variant}"
         self.source = source
         """Run the worker from this source tree instead (e.g. a baseline checkout)."""
         self.extra_env = extra_env or {}
-        self.agents_file = agents_dir / f"bench-agents-{steps}.json"
-        self.agents_file.write_text(
-            json.dumps(
-                {
-                    "agents": [
-                        {
-                            "name": AGENT,
-                            "system_prompt": SYSTEM_PROMPT,
-                            "tools": [TOOL],
-                            "limits": {"max_tool_iterations": steps},
-                        }
-                    ]
-                }
-            )
+        self.agents_file = (
+            agents_dir / f"bench-agents-{steps}{'-' + variant if variant else ''}.json"
         )
+        agent = {
+            "name": AGENT,
+            "system_prompt": SYSTEM_PROMPT,
+            "tools": [TOOL],
+            "limits": {"max_tool_iterations": steps},
+            **(agent_extra or {}),
+        }
+        self.agents_file.write_text(json.dumps({"agents": [agent]}))
         self.history_blobs = [encode(m) for m in chat_history()]
         self.failures = 0
 

@@ -23,6 +23,7 @@ from contracts.work import StepWork
 from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import ModelError
 from worker.loop import Hook, HookContext, Loop
+from worker.loop.hooks import ToolInvocation
 from worker.loop.ports import LoopObserver, ModelRequest
 from worker.sequencer import Busy, Delay, Drop, Reply, SessionSequencer, Step
 from worker.session.leases import LeaseKeeper
@@ -749,3 +750,28 @@ async def test_a_throttled_step_parks_its_turn_until_its_slot(cause: str) -> Non
     assert result.content == "Finally."
     assert len(model.requests) == (1 if cause == "rate_limit" else 2)
     model.assert_done()
+
+
+class BigOrders(Hook):
+    """Asks a human about lookups of order 42 only."""
+
+    name = "big_orders"
+
+    async def needs_approval(self, ctx: HookContext, call: ToolInvocation) -> bool:
+        return call.arguments.get("q") == "42"
+
+
+async def test_a_hook_may_ask_for_an_approval_the_profile_does_not_require() -> None:
+    store, model, tools = MemoryStore(), ScriptedAnswers(), FunctionTools({"lookup": lookup})
+    sequencer = sequencer_over(
+        store, model=model, tools=tools, definitions=[LOOKUP], events=ListSink(), hooks=BigOrders()
+    )
+    model.answers.extend([calls_lookup(), answers("Done.")])
+    await sequencer.on_request(request("t1"))
+
+    [delay] = await sequencer.on_step(work("t1", 0))
+    assert isinstance(delay, Delay) and tools.calls == []
+    assert await sequencer.on_decision(decide("call_1")) == [kick("t1")]
+    assert await sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
+
+    assert [c.arguments for c in tools.calls] == [{"q": "42"}]

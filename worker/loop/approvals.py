@@ -1,7 +1,10 @@
 """Human approval of tool calls: which calls of a step wait for a decision, and the step's
 state when it parks or goes on.
 
-An agent lists tools under ``approval`` (or ``"*"``). When the model calls one, the step saves
+An agent lists tools under ``approval`` (or ``"*"``), and a hook's ``needs_approval`` may ask
+for a call too (a call a hook asked for waits while its turn is parked: the hook is asked
+once, when the step first reaches its tools, and its answer is kept in the wait). When the
+model calls one, the step saves
 the model's answer as usual, then parks the turn (``status: waiting`` with an ``approval``
 wait naming the undecided calls) instead of running its tools: no worker holds it while a
 human decides. Decisions (``turn.decision``) are recorded beside the turn; once every waiting
@@ -21,14 +24,17 @@ from worker.loop.spec import AgentSpec
 from worker.loop.turn import turn_of, with_execution
 
 
-def undecided(pending: PendingStep, agent: AgentSpec) -> tuple[str, ...]:
-    """Ids of the step's calls that need approval and have neither a decision nor a result."""
-    if pending.response is None or not agent.approval:
+def undecided(
+    pending: PendingStep, agent: AgentSpec, asked: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """Ids of the step's calls that need approval (their tool is listed, or a hook asked for
+    it: ``asked``) and have neither a decision nor a result."""
+    if pending.response is None or not (agent.approval or asked):
         return ()
     return tuple(
         call.id
         for call in pending.response.message.tool_calls
-        if agent.needs_approval(call.name)
+        if (agent.needs_approval(call.name) or call.id in asked)
         and call.id not in pending.decisions
         and pending.result_for(call.id) is None
     )

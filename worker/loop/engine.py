@@ -23,6 +23,7 @@ Every way a turn ends goes through ``Loop.end``. The same code serves an in-proc
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,7 +54,7 @@ from worker.loop.announce import announce, announce_step
 from worker.loop.approvals import parked, undecided
 from worker.loop.budgets import configured, first_spent, turn_spend
 from worker.loop.guards import apply_empty_streak
-from worker.loop.hooks import Hook, HookContext
+from worker.loop.hooks import Hook, HookContext, ToolInvocation, asks_approval
 from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome, Waiting
 from worker.loop.ports import (
     EventSink,
@@ -170,13 +171,34 @@ class Loop:
         state = phase.state
         ex = turn_of(state)
         if ex.pending is not None and ex.stop_signal is None:
-            waiting = undecided(ex.pending, agent)
+            waiting = undecided(ex.pending, agent, await self._hook_asks(state, agent))
             if waiting:
                 return await self._park(state, agent, waiting)
             if ex.status == "waiting":
                 state = await self._resume(state)
         state, unsaved = await self.tools.run_pending(state, agent, self.catalog, self.store)
         return await self._complete_step(state, agent, unsaved)
+
+    async def _hook_asks(self, state: AgentState, agent: AgentSpec) -> frozenset[str]:
+        """The calls of the pending step a hook wants approved. Once parked, the wait keeps
+        them: the hooks are not asked again."""
+        ex = turn_of(state)
+        if ex.wait is not None and ex.wait.kind == "approval":
+            return frozenset(ex.wait.call_ids)
+        if not asks_approval(self.hooks) or ex.pending is None or ex.pending.response is None:
+            return frozenset()
+        ctx = HookContext(state=state, agent=agent, step=ex.pending.index)
+        asked = set()
+        for call in ex.pending.response.message.tool_calls:
+            try:
+                arguments = json.loads(call.arguments or "{}")
+            except ValueError:
+                continue  # refused in the tool phase
+            if isinstance(arguments, dict) and await self.hooks.needs_approval(
+                ctx, ToolInvocation(call.id, call.name, arguments)
+            ):
+                asked.add(call.id)
+        return frozenset(asked)
 
     async def _park(self, state: AgentState, agent: AgentSpec, waiting: tuple[str, ...]) -> Waiting:
         """Park the turn until its calls in ``waiting`` are decided: saved as waiting (the

@@ -1,4 +1,4 @@
-"""Hooks: one protocol with eight points, configured per agent.
+"""Hooks: one protocol with nine points, configured per agent.
 
 Every method has a no-op default; a hook overrides only what it needs. Any
 hook can call ``ctx.stop(source, reason)`` and the turn ends with ``stopped_by``
@@ -92,6 +92,12 @@ class Hook:
         """A tool returned: rewrite its result before the model sees it (redaction)."""
         return execution
 
+    async def needs_approval(self, ctx: HookContext, call: ToolInvocation) -> bool:
+        """Whether this call waits for a human's decision, besides the tools the profile lists
+        under ``approval`` (a refund over some amount, say). Asked once, before the step's
+        tools run; the turn parks until the call is decided. Judge the call only: no I/O."""
+        return False
+
 
 class Hooks(Hook):
     """Several hooks run in order, as one."""
@@ -142,6 +148,12 @@ class Hooks(Hook):
             execution = await hook.after_tool(ctx, execution)
         return execution
 
+    async def needs_approval(self, ctx: HookContext, call: ToolInvocation) -> bool:
+        for hook in self.hooks:
+            if await hook.needs_approval(ctx, call):
+                return True
+        return False
+
 
 def rewrites_messages(hook: Hook) -> bool:
     """Whether ``prepare_messages`` of ``hook`` does anything (the base hook's returns its input):
@@ -149,3 +161,10 @@ def rewrites_messages(hook: Hook) -> bool:
     if isinstance(hook, Hooks):
         return any(rewrites_messages(h) for h in hook.hooks)
     return type(hook).prepare_messages is not Hook.prepare_messages
+
+
+def asks_approval(hook: Hook) -> bool:
+    """Whether ``needs_approval`` of ``hook`` can say yes (the base hook's never does)."""
+    if isinstance(hook, Hooks):
+        return any(asks_approval(h) for h in hook.hooks)
+    return type(hook).needs_approval is not Hook.needs_approval
