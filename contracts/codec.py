@@ -33,7 +33,11 @@ class DecodeError(ValueError):
 
 
 def encode(model: BaseModel) -> bytes:
-    """Encode a contract as msgpack (JSON-compatible data, no pickle, no ext types)."""
+    """Encode a contract as msgpack (JSON-compatible data, no pickle, no ext types).
+
+    Every field is written, except fields added to a message after its first version, which
+    are written only when set (``exclude_if`` on the field): a peer of an earlier version of
+    the same ``schema_version`` reads what this one writes, unless the new feature is used."""
     data = model.model_dump(mode="json", exclude_defaults=False)
     return encode_obj(data)
 

@@ -104,6 +104,7 @@ class TurnRequest(Contract):
     budget: Budget = Field(
         default_factory=Budget,
         description="Lowers the agent's per-turn budget (never raises it).",
+        exclude_if=lambda budget: budget.empty,  # added to v1: written only when set
     )
 
     @field_validator("reply_to")
@@ -141,7 +142,12 @@ class TurnResult(Contract):
     error: TurnError | None = None
     stopped_by: str | None = None
     usage: Usage = Usage()
-    cost_usd: float = Field(default=0.0, ge=0, description="From the workers' price table.")
+    cost_usd: float = Field(
+        default=0.0,
+        ge=0,
+        description="From the workers' price table.",
+        exclude_if=lambda cost: cost == 0.0,  # added to v1: written only when set
+    )
     steps: int = Field(ge=0)
     duration_s: float = Field(ge=0)
     completed_at: float

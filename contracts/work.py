@@ -23,6 +23,7 @@ class StepWork(Contract):
     step: int = Field(ge=0, le=10_000)
     wait_until: float | None = Field(
         default=None,
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
         description="Set on a parked turn's timeout message (sent through the delay queue): "
         "the time its wait ends.",
     )

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 import contracts
 from contracts import keys, topology
 from contracts.base import _NOT_TRACKED, Contract
+from contracts.codec import decode_obj, encode
 from contracts.events import (
     EVENT_SOURCE,
     EVENT_TYPES,
@@ -42,7 +43,15 @@ from contracts.events import (
 from contracts.messages import ChatMessage, Usage
 from contracts.state import AgentState, SessionContext
 from contracts.tools import ToolCallReply, ToolDefinition, idempotency_key
-from contracts.turns import LimitOverrides, LoopLimits, TurnError, TurnRequest, TurnResult
+from contracts.turns import (
+    Budget,
+    LimitOverrides,
+    LoopLimits,
+    TurnError,
+    TurnRequest,
+    TurnResult,
+)
+from contracts.work import StepWork
 from worker.agents import AgentProfile
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
@@ -682,3 +691,15 @@ def test_contracts_copy_as_pydantic_does(model: Any, update: Any, deep: bool) ->
         assert ours.model_fields_set == model.model_fields_set | set(update or ())
         assert ours.model_dump(exclude_unset=True) == theirs.model_dump(exclude_unset=True)
         assert ours.__pydantic_fields_set__ is not model.__pydantic_fields_set__
+
+
+def test_fields_added_to_v1_messages_are_written_only_when_set() -> None:
+    """A peer of an earlier version (which refuses unknown fields) reads what this one writes
+    unless the new feature is used."""
+    plain = decode_obj(encode(request()))
+    assert "budget" not in plain
+    assert "budget" in decode_obj(encode(request(budget=Budget(max_tool_calls=3))))
+    assert "cost_usd" not in decode_obj(encode(result()))
+    assert decode_obj(encode(result(cost_usd=0.5)))["cost_usd"] == 0.5
+    step = StepWork(session_id="s", turn_id="t", step=1)
+    assert set(decode_obj(encode(step))) == {"schema_version", "session_id", "turn_id", "step"}
