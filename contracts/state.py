@@ -14,7 +14,7 @@ idempotency key.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field
 
@@ -195,6 +195,9 @@ class Spend(Contract):
         )
 
 
+NO_SPEND: Final = Spend()
+
+
 class SessionContext(Contract):
     """What the session carries besides its messages."""
 
@@ -223,7 +226,7 @@ class AgentState(Contract):
     llm: LLMOverrides = LLMOverrides()
     history_len: int = Field(default=0, ge=0)
     execution_count: int = Field(default=0, ge=0)
-    spent: Spend = Field(default_factory=Spend, description="What the session's turns spent.")
+    spent: Spend = Field(default=NO_SPEND, description="What the session's turns spent.")
     version: int = Field(default=0, ge=0)
     created_at: float
     updated_at: float

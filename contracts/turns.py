@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -32,7 +32,13 @@ class Budget(Contract):
 
     @property
     def empty(self) -> bool:
-        return all(getattr(self, name) is None for name in type(self).model_fields)
+        return self is NO_BUDGET or all(
+            getattr(self, name) is None for name in type(self).model_fields
+        )
+
+
+NO_BUDGET: Final = Budget()
+"""The default budget (no limit), one shared instance: a check for it is an identity test."""
 
 
 class LoopLimits(Contract):
@@ -102,7 +108,7 @@ class TurnRequest(Contract):
         default=None, description="Unix time after which the turn is cancelled."
     )
     budget: Budget = Field(
-        default_factory=Budget,
+        default=NO_BUDGET,
         description="Lowers the agent's per-turn budget (never raises it).",
         exclude_if=lambda budget: budget.empty,  # added to v1: written only when set
     )

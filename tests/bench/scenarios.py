@@ -508,7 +508,11 @@ NEVER_SPENT = {
 CONTROL_VARIANTS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
     "budgets": (
         {"budget": NEVER_SPENT, "session_budget": NEVER_SPENT, "daily_budget": NEVER_SPENT},
-        {"LOOPWIRE_PRICES": json.dumps({"bench": {"input_per_m": 1.0, "output_per_m": 2.0}})},
+        {
+            "LOOPWIRE_PRICES": json.dumps(
+                {"scripted-model": {"input_per_m": 1.0, "output_per_m": 2.0}}
+            )
+        },
     ),
     "rate_limit": (
         {},

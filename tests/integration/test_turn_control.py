@@ -382,13 +382,15 @@ async def test_a_429_storm_parks_turns_instead_of_filling_the_workers_with_sleep
     calls = 0
     throttled_at: dict[str, float] = {}
     waited: list[float] = []
+    retried_at: list[float] = []
 
     def responder(request: dict[str, Any]) -> Reply:
         nonlocal calls
         calls += 1
         question = request["messages"][-1]["content"]
         if question in throttled_at:
-            waited.append(time.monotonic() - throttled_at[question])
+            retried_at.append(time.monotonic())
+            waited.append(retried_at[-1] - throttled_at[question])
         elif calls % 10 == 0:
             throttled_at[question] = time.monotonic()
             return Reply.error(429, "slow down", headers={"Retry-After": "2"})
@@ -399,7 +401,7 @@ async def test_a_429_storm_parks_turns_instead_of_filling_the_workers_with_sleep
     workers = [
         WorkerProcess(model_url=scripted_model.base_url, agents_file=agents) for _ in range(2)
     ]
-    samples: list[float] = []
+    samples: list[tuple[float, float]] = []
 
     async def in_progress() -> None:
         async with aiohttp.ClientSession() as http:
@@ -411,16 +413,21 @@ async def test_a_429_storm_parks_turns_instead_of_filling_the_workers_with_sleep
                         for line in (await response.text()).splitlines():
                             if line.startswith("loopwire_steps_in_progress "):
                                 total += float(line.split()[1])
-                samples.append(total)
-                await asyncio.sleep(0.2)
+                samples.append((time.monotonic(), total))
+                await asyncio.sleep(0.1)
 
     for worker in workers:
         await worker.start()
     sampler = asyncio.create_task(in_progress())
     try:
-        results = await asyncio.gather(
-            *(client.run_turn("support", f"question {n}", timeout=60) for n in range(25))
-        )
+        finished_at: list[float] = []
+
+        async def one(n: int) -> Any:
+            result = await client.run_turn("support", f"question {n}", timeout=60)
+            finished_at.append(time.monotonic())
+            return result
+
+        results = await asyncio.gather(*(one(n) for n in range(25)))
     finally:
         sampler.cancel()
         for worker in workers:
@@ -430,6 +437,10 @@ async def test_a_429_storm_parks_turns_instead_of_filling_the_workers_with_sleep
     assert calls == 25 + len(throttled_at), "each throttled call was made once more, no more"
     assert len(waited) == len(throttled_at)
     assert min(waited) >= 2.0, f"each throttled turn waited its Retry-After: {waited}"
-    # the last turns left waiting on their Retry-After are parked: nothing is in progress
-    assert samples and min(samples) == 0.0
+    # between the last turn not throttled finishing and the first retry, only parked turns
+    # were left: no worker held a step
+    others_done = sorted(finished_at)[25 - len(throttled_at) - 1]
+    window = [n for at, n in samples if others_done + 0.15 < at < min(retried_at) - 0.15]
+    assert len(window) >= 3, "the sampler saw the parked turns wait"
+    assert set(window) == {0.0}, window
     assert all(w.errors() == [] for w in workers)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from contracts.base import AgentName, Contract
-from contracts.turns import Budget, LoopLimits
+from contracts.turns import NO_BUDGET, Budget, LoopLimits
 
 
 class AgentSpec(Contract):
@@ -34,12 +34,12 @@ class AgentSpec(Contract):
         description="A call undecided this long is rejected.",
     )
 
-    budget: Budget = Field(default_factory=Budget, description="What one turn may spend.")
+    budget: Budget = Field(default=NO_BUDGET, description="What one turn may spend.")
     session_budget: Budget = Field(
-        default_factory=Budget, description="What a session's turns may spend, together."
+        default=NO_BUDGET, description="What a session's turns may spend, together."
     )
     daily_budget: Budget = Field(
-        default_factory=Budget,
+        default=NO_BUDGET,
         description="What the agent's turns may spend in a day (UTC), across every session.",
     )
     budget_note: str = Field(
