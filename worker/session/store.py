@@ -37,7 +37,7 @@ from typing import Any, Final, Literal
 
 import msgpack
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from contracts import keys
 from contracts.base import Contract
@@ -103,22 +103,27 @@ class RedisStore:
         s, t = request.session_id, request.turn_id
         with self.timed("accept"):
             now = repr(self.clock())
+            script_keys = [
+                keys.session_turns(s),
+                keys.session_requests(s),
+                keys.session_queue(s),
+                keys.turn_result(s, t),
+                keys.session_replies(s),
+            ]
+            args: list[Any] = [t, encode(request), self.ttl_s, request.reply_to or "", now]
             # one round trip: the turn's session index is a key of its own (outside the
-            # session's hash tag), so it is a second command, not part of the script
-            async with self.redis.pipeline(transaction=False) as pipe:
-                await self._accept(
-                    keys=[
-                        keys.session_turns(s),
-                        keys.session_requests(s),
-                        keys.session_queue(s),
-                        keys.turn_result(s, t),
-                        keys.session_replies(s),
-                    ],
-                    args=[t, encode(request), self.ttl_s, request.reply_to or "", now],
-                    client=pipe,
-                )
-                pipe.set(keys.turn_session(t), s, ex=self.ttl_s, nx=True)
-                (status, payload, *at), _ = await pipe.execute()
+            # session's hash tag), so it is a second command beside the script. The script
+            # goes by its hash (a pipeline of a Script object would first ask whether the
+            # script exists: a round trip more); the first call, or one after Redis forgot
+            # its scripts, loads it.
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.evalsha(self._accept.sha, len(script_keys), *script_keys, *args)
+                    pipe.set(keys.turn_session(t), s, ex=self.ttl_s, nx=True)
+                    (status, payload, *at), _ = await pipe.execute()
+            except NoScriptError:
+                status, payload, *at = await self._accept(keys=script_keys, args=args)
+                await self.redis.set(keys.turn_session(t), s, ex=self.ttl_s, nx=True)
         status = status.decode() if isinstance(status, bytes) else status
         if status == "done":
             return Accepted("done", result=decode(payload, TurnResult))
