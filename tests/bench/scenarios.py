@@ -557,22 +557,22 @@ async def controls(ctx: Context) -> dict[str, Any]:
             )
         )
     windows: dict[str, list[Window]] = {t.name: [] for t in targets}
-    try:
-        for target in targets:
+    # one at a time: every worker consumes the same turn queue
+    for r in range(plan.rounds):
+        for target in targets if r % 2 == 0 else list(reversed(targets)):
             target.profile_dir = ctx.profile_dir
-            await target.start(1)
-        for r in range(plan.rounds):
-            for target in targets if r % 2 == 0 else list(reversed(targets)):
+            try:
+                await target.start(1)
                 window = await ctx.driver.measure(
                     target,
                     sessions=sessions,
                     warmup_s=plan.step_warmup_s,
                     window_s=plan.step_window_s,
                 )
-                windows[target.name].append(window)
-    finally:
-        for target in targets:
-            target.stop()
+            finally:
+                target.stop()
+                target.workers, target.helpers = [], []
+            windows[target.name].append(window)
     out: dict[str, Any] = {}
     rows = []
     base_cpu = median([w.cpu_ms_per_step for w in windows[base.name]])
