@@ -24,6 +24,10 @@ class Budget(Contract):
 
     def lowered(self, other: Budget) -> Budget:
         """Each limit of ``other`` where it is lower than this one's (never higher)."""
+        if other.empty:
+            return self
+        if self.empty:
+            return other
         merged: dict[str, float | int | None] = {}
         for name in type(self).model_fields:
             mine, theirs = getattr(self, name), getattr(other, name)

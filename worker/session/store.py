@@ -60,6 +60,7 @@ from worker.session.port import (
 )
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
+SPEND_CACHE_S: Final = 1.0
 Timed = Callable[[str], AbstractContextManager[object]]
 """Wraps one store operation by name (``accept``, ``lease``, ``save`` …), e.g. to time it."""
 StateFormat = Literal["json", "msgpack"]
@@ -97,6 +98,7 @@ class RedisStore:
         self._save = redis.register_script(scripts.SAVE)
         self._accept = redis.register_script(scripts.ACCEPT)
         self._control = redis.register_script(scripts.CONTROL)
+        self._spent: dict[str, tuple[float, Spend]] = {}
         self._end_queued = redis.register_script(scripts.END_QUEUED)
 
     async def accept(self, request: TurnRequest) -> Accepted:
@@ -153,12 +155,20 @@ class RedisStore:
         return Recorded(_bytes(status).decode(), int(at) if at else None)  # type: ignore[arg-type]
 
     async def spent_today(self, agent: str) -> Spend:
+        """The agent's spend today, read at most once a second per agent (it moves by whole
+        turns; a second's lag is nothing against a day)."""
+        now = self.clock()
+        cached = self._spent.get(agent)
+        if cached is not None and cached[0] > now:
+            return cached[1]
         with self.timed("read"):
-            values = await self.redis.hgetall(keys.agent_spend(agent, _day(self.clock())))
+            values = await self.redis.hgetall(keys.agent_spend(agent, _day(now)))
         fields = {_bytes(k).decode(): float(_bytes(v)) for k, v in values.items()}
-        return Spend.model_validate(
+        spend = Spend.model_validate(
             {k: int(v) if k != "cost_usd" and k != "wall_s" else v for k, v in fields.items()}
         )
+        self._spent[agent] = (now + SPEND_CACHE_S, spend)
+        return spend
 
     async def add_spent(self, agent: str, spend: Spend) -> None:
         key = keys.agent_spend(agent, _day(self.clock()))
