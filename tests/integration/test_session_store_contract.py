@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from contracts.control import TurnCancel, TurnDecision
 from contracts.messages import ChatMessage, ToolCall
-from contracts.state import ModelResponse, PendingStep
+from contracts.state import ModelResponse, PendingStep, Spend
 from contracts.turns import InputMessage, TurnError, TurnRequest
 from worker.agents import AgentProfile
 from worker.errors import StaleStateError
@@ -298,3 +298,18 @@ async def test_a_parked_turn_is_found_by_its_controls_until_it_goes_on(
         request.session_id, request.turn_id, "decision:call_2", decision
     )
     assert (later.status, later.parked) == ("recorded", None)
+
+
+async def test_an_agents_spend_is_summed_per_day(store: SessionStore, uid: str) -> None:
+    agent = f"agent-{uid}"
+    first = Spend(total_tokens=10, cost_usd=0.25, tool_calls=2, wall_s=1.5)
+    await store.add_spent(agent, first)
+    await store.add_spent(agent, first)
+    fresh = RedisStore(store.redis) if isinstance(store, RedisStore) else store
+    try:
+        assert await fresh.spent_today(agent) == first + first
+        assert await fresh.spent_today(f"other-{uid}") == Spend()
+    finally:
+        if isinstance(store, RedisStore):
+            async for key in store.redis.scan_iter(match=f"lw:spend:agent-{uid}:*"):
+                await store.redis.delete(key)
