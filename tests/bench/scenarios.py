@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import micro
+from tests.bench.controls_micro import unused_controls
 from tests.bench.held import VARIANTS as HELD_VARIANTS
 from tests.bench.load import Driver, Window
 from tests.bench.procs import ROOT
@@ -584,6 +585,19 @@ async def controls(ctx: Context) -> dict[str, Any]:
             "per_round": [w.cpu_ms_per_step for w in found],
         }
         rows.append((name, cpu, ratio(cpu, base_cpu), [round(w.cpu_ms_per_step, 2) for w in found]))
+    micro_n = 300 if plan.rounds == 1 else 2000
+    alone = await unused_controls(ctx.shared.redis, micro_n)
+    out["unused_alone"] = alone
+    base_us = base_cpu * 1000
+    rows.append(
+        (
+            "unused, measured alone",
+            round(alone["added_us_per_step"] / 1000, 4),
+            ratio(base_us + alone["added_us_per_step"], base_us),
+            f"checks {alone['checks_us_per_step']:.1f} us + lease script "
+            f"{alone['lease_script_us_after']:.0f} vs {alone['lease_script_us_before']:.0f} us",
+        )
+    )
     ctx.tables.append(
         table(
             f"Turn controls configured but never reached, {sessions} sessions (loopwire: none "
