@@ -231,6 +231,7 @@ async def test_a_call_left_undecided_is_rejected_when_its_wait_times_out(
 async def test_a_parked_turn_is_cancelled_at_once(
     scripted_model: ScriptedModel,
     lookup: CountingToolService,
+    events: EventRecorder,
     client: LoopwireClient,
     tmp_path: Path,
 ) -> None:
@@ -255,6 +256,10 @@ async def test_a_parked_turn_is_cancelled_at_once(
     )
     assert sum(lookup.executions.values()) == 0
     assert len(scripted_model.requests) == 1
+    await events.wait_for(lambda evs: any(e.type == "turn.cancelled" for e in evs))
+    types = [e.type for e in events.for_turn(handle.turn_id)]
+    assert types[-1] == "turn.cancelled" and "approval.requested" in types
+    assert "approval.decided" not in types and "tool.invoking" not in types
 
 
 @pytest.mark.parametrize("point", ["parked", "decision_recorded", "resumed"])
