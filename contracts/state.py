@@ -161,6 +161,9 @@ class ExecutionState(Contract):
     wait: Wait | None = Field(default=None, description="Set while the turn is parked.")
     usage: Usage = Usage()
     cost_usd: float = Field(default=0.0, ge=0)
+    output_repairs: int = Field(
+        default=0, ge=0, description="Invalid structured answers sent back to the model so far."
+    )
     budget_spent: str | None = Field(
         default=None,
         description="The budget found spent ('turn.max_total_tokens' …): the turn's last model "

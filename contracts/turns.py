@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -111,6 +111,11 @@ class TurnRequest(Contract):
     deadline: float | None = Field(
         default=None, description="Unix time after which the turn is cancelled."
     )
+    output_schema: JsonObject | None = Field(
+        default=None,
+        description="JSON Schema the answer must match, when the agent sets none.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
     budget: Budget = Field(
         default=NO_BUDGET,
         description="Lowers the agent's per-turn budget (never raises it).",
@@ -161,6 +166,11 @@ class TurnResult(Contract):
     steps: int = Field(ge=0)
     duration_s: float = Field(ge=0)
     completed_at: float
+    output: Any = Field(
+        default=None,
+        description="The answer parsed, when the turn asked for structured output.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
 
     @model_validator(mode="after")
     def _error_iff_failed(self) -> TurnResult:

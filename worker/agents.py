@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from contracts.base import Contract
+from worker.loop.output import check_schema
 from worker.loop.spec import AgentSpec
 from worker.redaction import REDACT
 from worker.redaction.config import RedactionConfig
@@ -46,6 +47,8 @@ class AgentProfile(AgentSpec):
         # A redaction block without the hook set would quietly send raw values to the model.
         if "redaction" in self.model_fields_set and REDACT not in self.hooks:
             raise ValueError(f"'redaction' is configured but {REDACT!r} is not in 'hooks'")
+        if self.output_schema is not None:
+            check_schema(self.output_schema)  # a ValueError names the problem
         for name in self.hook_config:
             if name not in self.hooks or name == REDACT:
                 raise ValueError(

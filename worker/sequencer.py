@@ -35,6 +35,7 @@ from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import PermanentError
 from worker.loop import EventSink, Finished, Loop, StepOutcome, Waiting, new_execution
 from worker.loop.approvals import timed_out, with_decisions
+from worker.loop.output import check_schema
 from worker.loop.ports import LoopObserver, observe
 from worker.loop.turn import turn_of, turn_result, with_execution
 from worker.session.leases import LeaseKeeper
@@ -125,6 +126,11 @@ class SessionSequencer:
 
     async def on_request(self, request: TurnRequest) -> list[Action]:
         self.profile(request.agent)
+        if request.output_schema is not None:
+            try:
+                check_schema(request.output_schema)
+            except ValueError as exc:
+                raise PermanentError(f"output_schema: {exc}", code="schema") from None
         accepted = await self.store.accept(request)
         if accepted.status == "done":
             assert accepted.result is not None

@@ -399,3 +399,28 @@ async def test_a_session_can_switch_agents_between_turns(
     ]
     assert (second.agent, second.finish_reason) == ("billing", "max_iterations")
     assert sum(lookup.executions.values()) == 1, "billing's call to a tool it lacks did not run"
+
+
+async def test_structured_output_is_asked_for_validated_and_repaired(
+    scripted_model: ScriptedModel, client: LoopwireClient, tmp_path: Path
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": ["billing", "tech"]}},
+        "required": ["label"],
+    }
+    agents = tmp_path / "agents.json"
+    agents.write_text(
+        json.dumps({"agents": [{"name": "triage", "tools": [], "output_schema": schema}]})
+    )
+    scripted_model.expect(Reply.text('{"label": "sales"}'))
+    scripted_model.expect(Reply.text('{"label": "billing"}'))
+    async with WorkerProcess(model_url=scripted_model.base_url, agents_file=agents) as worker:
+        result = await client.run_turn("triage", "charged twice", timeout=30)
+    assert worker.errors() == []
+    assert (result.finish_reason, result.output, result.steps) == ("stop", {"label": "billing"}, 2)
+    first = scripted_model.requests[0]
+    assert first["response_format"]["type"] == "json_schema"
+    assert first["response_format"]["json_schema"]["schema"] == schema
+    repair = scripted_model.requests[1]["messages"][-1]
+    assert repair["role"] == "user" and "'sales' is not one of" in repair["content"]

@@ -27,6 +27,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from contracts.events import (
     ApprovalDecided,
@@ -56,6 +57,7 @@ from worker.loop.budgets import configured, first_spent, turn_spend
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext, ToolInvocation, asks_approval
 from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome, Waiting
+from worker.loop.output import REPAIR_NOTE, parsed, schema_of
 from worker.loop.ports import (
     EventSink,
     LoopObserver,
@@ -477,9 +479,15 @@ class Loop:
             reason: FinishReason = "length" if response.finish_reason == "length" else "stop"
             if ex.budget_spent is not None:
                 reason = "budget"
-            outcome = await self.end(
-                state, agent, reason, response.message.content, step=record, invoked=unsaved
-            )
+            schema = schema_of(agent, ex)
+            if schema is None or reason == "length":
+                outcome = await self.end(
+                    state, agent, reason, response.message.content, step=record, invoked=unsaved
+                )
+            else:
+                outcome = await self._structured(
+                    state, agent, reason, schema, record, unsaved, response.message.content
+                )
         elif stop is not None:
             outcome = await self.end(
                 state,
@@ -511,6 +519,37 @@ class Loop:
         observe(self.observer.step_completed, agent_name, record.duration_s)
         return outcome
 
+    async def _structured(
+        self,
+        state: AgentState,
+        agent: AgentSpec,
+        reason: FinishReason,
+        schema: dict[str, Any],
+        record: StepExecution,
+        unsaved: Sequence[ToolExecution],
+        content: str | None,
+    ) -> StepOutcome:
+        """A final answer that must match a schema: the turn ends with its value, or the
+        answer goes back to the model with the validation error, or (no repair left) the turn
+        fails with ``invalid_output``."""
+        ex = turn_of(state)
+        value, error = parsed(schema, content)
+        if error is None:
+            return await self.end(
+                state, agent, reason, content, step=record, invoked=unsaved, output=value
+            )
+        repairs_left = ex.output_repairs < agent.max_output_repairs
+        if repairs_left and reason != "budget" and len(ex.steps) < ex.limits.max_tool_iterations:
+            note = ChatMessage(role="user", content=REPAIR_NOTE.format(error=error))
+            state = with_execution(state, output_repairs=ex.output_repairs + 1)
+            state = await self._save(state, append=[note], release=True)
+            await self._emit_step(state, record, invoked=unsaved)
+            return RunAgain(state)
+        failure = TurnError(code="invalid_output", message=f"invalid structured output: {error}")
+        return await self.end(
+            state, agent, "error", content, error=failure, step=record, invoked=unsaved
+        )
+
     async def end(
         self,
         state: AgentState,
@@ -522,6 +561,7 @@ class Loop:
         append: Sequence[ChatMessage] = (),
         step: StepExecution | None = None,
         invoked: Sequence[ToolExecution] = (),
+        output: Any = None,
     ) -> Finished:
         """End the turn: the one path every ending takes — the model answered, the iteration
         cap, a hook's stop, the deadline, a failed model call, and a step that can never
@@ -536,7 +576,7 @@ class Loop:
         if ex.pending is not None:  # ended mid-step: no call in the history without its result
             append = (*append, *unanswered(ex.pending, reason))
         now = self.clock()
-        result = turn_result(state, reason, content, error, now)
+        result = turn_result(state, reason, content, error, now, output)
         try:
             await self.hooks.after_execution(
                 HookContext(state=state, agent=agent, step=len(ex.steps)), result

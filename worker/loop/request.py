@@ -9,6 +9,7 @@ from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.tools import ToolDefinition
 from worker.loop.hooks import Hook, HookContext, rewrites_messages
+from worker.loop.output import response_format, schema_of
 from worker.loop.ports import ModelRequest, StateStore
 from worker.loop.spec import AgentSpec
 from worker.loop.transcript import Transcript
@@ -40,12 +41,15 @@ def model_request(
     llm = state.llm
     ex = state.execution
     deadline = ex.request.deadline if ex is not None else None
+    schema = schema_of(agent, ex) if ex is not None else None
     return ModelRequest(
         messages=messages,
         tools=tools,
         model=llm.model or agent.model,
         temperature=llm.temperature if llm.temperature is not None else agent.temperature,
         max_tokens=llm.max_tokens or agent.max_tokens,
-        response_format=state.context.response_format,
+        response_format=(
+            response_format(schema) if schema is not None else state.context.response_format
+        ),
         timeout_s=None if deadline is None else deadline - now,
     )

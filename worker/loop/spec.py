@@ -6,6 +6,8 @@ profile with hook sets and their configuration) is the worker's business (``work
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from contracts.base import AgentName, Contract
@@ -49,6 +51,14 @@ class AgentSpec(Contract):
         ),
         max_length=2000,
         description="Sent with the last model call once a budget is spent (no tools offered).",
+    )
+
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="JSON Schema the final answer must match (TurnResult.output carries it).",
+    )
+    max_output_repairs: int = Field(
+        default=2, ge=0, le=10, description="Invalid answers sent back to the model to repair."
     )
 
     def allows(self, tool: str) -> bool:

@@ -52,6 +52,7 @@ def turn_result(
     content: str | None,
     error: TurnError | None,
     now: float,
+    output: Any = None,
 ) -> TurnResult:
     """The result of the turn attached to ``state``, finishing now for ``reason``."""
     ex = turn_of(state)
@@ -69,6 +70,7 @@ def turn_result(
         steps=len(ex.steps),
         duration_s=max(0.0, now - ex.started_at),
         completed_at=now,
+        output=output,
     )
 
 
