@@ -22,7 +22,7 @@ from worker.loop.hooks import Hooks, asks_approval
 from worker.loop.spec import AgentSpec
 from worker.loop.turn import new_execution, with_execution
 from worker.session import scripts
-from worker.session.store import _parked_arg
+from worker.session.handle import _parked_arg
 
 BEGIN_BEFORE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end

@@ -10,9 +10,10 @@ import pytest
 from redis.asyncio import Redis
 
 from contracts import keys
+from worker.session.handle import SessionHandle
 from worker.session.leases import LeaseKeeper
 from worker.session.port import Renewal, StepSession
-from worker.session.store import RedisStore, SessionHandle
+from worker.session.store import RedisStore
 
 TTL_S = 0.3
 

@@ -47,7 +47,7 @@ from worker.loop import (
 )
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelHttpClient
-from worker.session.store import ParkedState
+from worker.session.handle import ParkedState
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog, ToolFunction
 from worker.testing.scripted_model import Reply, ScriptedModel
 

@@ -23,18 +23,12 @@ Every way a turn ends goes through ``Loop.end``. The same code serves an in-proc
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from contracts.events import (
-    ApprovalDecided,
-    ApprovalRequested,
-    BudgetExhausted,
-    EventData,
-    EventType,
     TurnFinished,
     TurnStarted,
     finish_event_type,
@@ -47,17 +41,16 @@ from contracts.state import (
     StepExecution,
     StopSignal,
     ToolExecution,
-    Wait,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest
 from worker.errors import ModelError
-from worker.loop.announce import announce, announce_step
-from worker.loop.approvals import parked, undecided
-from worker.loop.budgets import configured, first_spent, turn_spend
+from worker.loop.approvals import undecided
+from worker.loop.budgets import configured, turn_spend
+from worker.loop.gates import Gates
 from worker.loop.guards import apply_empty_streak
-from worker.loop.hooks import Hook, HookContext, ToolInvocation, asks_approval
+from worker.loop.hooks import Hook, HookContext
 from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome, Waiting
-from worker.loop.output import REPAIR_NOTE, parsed, schema_of
+from worker.loop.output import schema_of
 from worker.loop.ports import (
     EventSink,
     LoopObserver,
@@ -81,7 +74,6 @@ from worker.loop.turn import (
     turn_of,
     turn_result,
     unanswered,
-    with_appended,
     with_execution,
 )
 
@@ -94,7 +86,7 @@ DEADLINE_SLACK_S = 0.05
 """A model call that fails this close to the turn's deadline was cut by it."""
 
 
-class Loop:
+class Loop(Gates):
     """Runs steps of turns over the injected model, tools, store, events and hooks."""
 
     __slots__ = (
@@ -181,78 +173,6 @@ class Loop:
         state, unsaved = await self.tools.run_pending(state, agent, self.catalog, self.store)
         return await self._complete_step(state, agent, unsaved)
 
-    async def _hook_asks(self, state: AgentState, agent: AgentSpec) -> frozenset[str]:
-        """The calls of the pending step a hook wants approved. Once parked, the wait keeps
-        them: the hooks are not asked again."""
-        ex = turn_of(state)
-        if ex.wait is not None and ex.wait.kind == "approval":
-            return frozenset(ex.wait.call_ids)
-        if not asks_approval(self.hooks) or ex.pending is None or ex.pending.response is None:
-            return frozenset()
-        ctx = HookContext(state=state, agent=agent, step=ex.pending.index)
-        asked = set()
-        for call in ex.pending.response.message.tool_calls:
-            try:
-                arguments = json.loads(call.arguments or "{}")
-            except ValueError:
-                continue  # refused in the tool phase
-            if isinstance(arguments, dict) and await self.hooks.needs_approval(
-                ctx, ToolInvocation(call.id, call.name, arguments)
-            ):
-                asked.add(call.id)
-        return frozenset(asked)
-
-    async def _park(self, state: AgentState, agent: AgentSpec, waiting: tuple[str, ...]) -> Waiting:
-        """Park the turn until its calls in ``waiting`` are decided: saved as waiting (the
-        lease let go), then ``approval.requested`` for each call. A turn parked already is
-        announced again as it was (the same events): the worker that parked it may have died
-        before it could announce."""
-        if turn_of(state).status != "waiting":
-            state = await self._save(
-                parked(state, waiting, self.clock(), agent.approval_timeout_s), release=True
-            )
-        ex = turn_of(state)
-        assert ex.wait is not None and ex.pending is not None and ex.pending.response is not None
-        calls = {c.id: c for c in ex.pending.response.message.tool_calls}
-        for call_id in waiting:
-            call = calls[call_id]
-            await self._emit(
-                "approval.requested",
-                ApprovalRequested(
-                    call_id=call_id, tool=call.name, arguments=call.arguments, until=ex.wait.until
-                ),
-                state,
-                step=ex.pending.index,
-                call_id=call_id,
-                at=ex.wait.since,
-            )
-        return Waiting(state, ex.wait.until)
-
-    async def _resume(self, state: AgentState) -> AgentState:
-        """Every call the turn waited on is decided: it goes on (saved as running again), with
-        ``approval.decided`` for each decision."""
-        ex = turn_of(state)
-        assert ex.pending is not None
-        pending = ex.pending.model_copy(update={"dispatched_at": self.clock()})
-        state = await self._save(
-            with_execution(state, status="in_progress", wait=None, pending=pending)
-        )
-        for call_id, decision in pending.decisions.items():
-            await self._emit(
-                "approval.decided",
-                ApprovalDecided(
-                    call_id=call_id,
-                    decision=decision.decision,
-                    by=decision.by,
-                    message=decision.message,
-                ),
-                state,
-                step=pending.index,
-                call_id=call_id,
-                at=decision.at,
-            )
-        return state
-
     # -- phases ---------------------------------------------------------------
 
     async def _before_model(self, state: AgentState, agent: AgentSpec) -> Phase:
@@ -318,42 +238,6 @@ class Loop:
             started=started,
             called=self.clock(),
         )
-
-    async def _throttle(self, state: AgentState, wait_s: float) -> Waiting:
-        """Park the turn until the model may be asked again (a rate limit, a 429): saved as
-        waiting, the lease let go; its timeout message wakes it."""
-        now = self.clock()
-        waiting = Wait(kind="throttled", since=now, until=now + wait_s)
-        state = await self._save(
-            with_execution(state, status="waiting", wait=waiting), release=True
-        )
-        return Waiting(state, waiting.until)
-
-    async def _check_budgets(
-        self, state: AgentState, agent: AgentSpec, index: int
-    ) -> AgentState | Finished:
-        """Before a model call: a spent budget makes this the turn's last call (saved, so a
-        redone step makes the same one), or ends the turn at once when not even that fits."""
-        ex = turn_of(state)
-        today = None
-        if self.ledger is not None and not agent.daily_budget.empty:
-            today = await self.ledger.spent_today(ex.request.agent)
-        spent = first_spent(state, agent, self.clock(), today)
-        if spent is None:
-            return state
-        observe(self.observer.budget_exhausted, ex.request.agent, spent.name)
-        state = with_execution(
-            state, budget_spent=spent.name, stop_signal=StopSignal(source=spent.name)
-        )
-        if spent.final_call:
-            state = await self._save(state)
-        exhausted = BudgetExhausted(
-            budget=spent.name, limit=spent.limit, used=spent.used, final_call=spent.final_call
-        )
-        await self._emit("budget.exhausted", exhausted, state, step=index, at=ex.updated_at)
-        if not spent.final_call:
-            return await self.end(state, agent, "budget", ex.last_content)
-        return state
 
     async def _redispatch(self, state: AgentState) -> AgentState:
         """The tool phase is redone (the worker that saved the model's answer did not finish
@@ -519,37 +403,6 @@ class Loop:
         observe(self.observer.step_completed, agent_name, record.duration_s)
         return outcome
 
-    async def _structured(
-        self,
-        state: AgentState,
-        agent: AgentSpec,
-        reason: FinishReason,
-        schema: dict[str, Any],
-        record: StepExecution,
-        unsaved: Sequence[ToolExecution],
-        content: str | None,
-    ) -> StepOutcome:
-        """A final answer that must match a schema: the turn ends with its value, or the
-        answer goes back to the model with the validation error, or (no repair left) the turn
-        fails with ``invalid_output``."""
-        ex = turn_of(state)
-        value, error = parsed(schema, content)
-        if error is None:
-            return await self.end(
-                state, agent, reason, content, step=record, invoked=unsaved, output=value
-            )
-        repairs_left = ex.output_repairs < agent.max_output_repairs
-        if repairs_left and reason != "budget" and len(ex.steps) < ex.limits.max_tool_iterations:
-            note = ChatMessage(role="user", content=REPAIR_NOTE.format(error=error))
-            state = with_execution(state, output_repairs=ex.output_repairs + 1)
-            state = await self._save(state, append=[note], release=True)
-            await self._emit_step(state, record, invoked=unsaved)
-            return RunAgain(state)
-        failure = TurnError(code="invalid_output", message=f"invalid structured output: {error}")
-        return await self.end(
-            state, agent, "error", content, error=failure, step=record, invoked=unsaved
-        )
-
     async def end(
         self,
         state: AgentState,
@@ -598,45 +451,3 @@ class Loop:
             finish_event_type(reason), TurnFinished(result=result), state, at=result.completed_at
         )
         return Finished(saved, result)
-
-    # -- helpers --------------------------------------------------------------
-
-    async def _save(
-        self, state: AgentState, *, append: Sequence[ChatMessage] = (), release: bool = False
-    ) -> AgentState:
-        """Save mid-turn; ``release`` on the step's last write."""
-        counted = with_appended(state, len(append), self.clock())
-        return await self.store.save(counted, append=append, release=release)
-
-    async def _emit_step(
-        self, state: AgentState, record: StepExecution, *, invoked: Sequence[ToolExecution] = ()
-    ) -> None:
-        """``tool.invoked`` for results the step's save stored, then ``step.completed``."""
-        for execution in invoked:
-            await self.tools.emit_invoked(state, record.step.index, execution)
-        await announce_step(self.events, record.completed_at, state, record)
-
-    async def _emit(
-        self,
-        event_type: EventType,
-        data: EventData,
-        state: AgentState,
-        *,
-        step: int | None = None,
-        call_id: str = "",
-        at: float | None = None,
-        id_suffix: str = "",
-    ) -> None:
-        """Announce an event; ``at``: the time of the saved record it announces (so that one
-        published again after a redelivery is the same event), else now."""
-        now = self.clock() if at is None else at
-        await announce(
-            self.events,
-            now,
-            event_type,
-            data,
-            state,
-            step=step,
-            call_id=call_id,
-            id_suffix=id_suffix,
-        )

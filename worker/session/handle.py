@@ -1,0 +1,249 @@
+"""One leased step's hold on a session in Redis (``SessionHandle``, the loop's ``StateStore``):
+the state read with the lease, the state parked as its stored bytes while the model thinks,
+and the save script that fences every write. ``RedisStore`` (``worker.session.store``) hands
+them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+from redis.exceptions import ResponseError
+
+from contracts import keys
+from contracts.codec import decode, encode, encode_stored, read_stored
+from contracts.control import TurnCancel, TurnDecision
+from contracts.messages import ChatMessage
+from contracts.state import AgentState
+from contracts.turns import TurnResult
+from worker import failpoints
+from worker.errors import StaleStateError
+from worker.loop.transcript import StoredMessages
+
+if TYPE_CHECKING:
+    from worker.session.store import RedisStore
+
+
+class ParkedState:
+    """A state held as the bytes it is stored as, with its version (kept beside them)."""
+
+    __slots__ = ("blob", "version")
+
+    def __init__(self, blob: bytes, version: int) -> None:
+        self.blob = blob
+        self.version = version
+
+    def unpark(self) -> AgentState:
+        state = read_stored(self.blob, AgentState)
+        if state.version != self.version:
+            state = state.model_copy(update={"version": self.version})
+        return state
+
+
+class SessionHandle:
+    """``StepSession`` of the Redis store: one step under one lease.
+
+    While the model thinks (seconds, with thousands of turns in flight) a state is held as the
+    bytes it is stored as (``park``): the objects of a state take much more memory than its
+    stored bytes and grow with every step. The handle remembers the bytes it last read or
+    wrote, with their version, where the loop asks the model next (no step pending), so that
+    parking that state does not encode it again; the session history read with the lease is
+    handed out once and kept current with what the step appends (no other writer appends while
+    the lease is held)."""
+
+    __slots__ = (
+        "_history",
+        "_state",
+        "_stored",
+        "cancel",
+        "controls_waiting",
+        "decisions",
+        "next_turn",
+        "parked",
+        "released",
+        "replies",
+        "session_id",
+        "store",
+        "token",
+        "turn_id",
+    )
+
+    def __init__(
+        self,
+        store: RedisStore,
+        session_id: str,
+        token: int,
+        state: AgentState | None,
+        stored: tuple[int, bytes] | None,
+        history: list[bytes] | None,
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.token = token
+        self._state = state
+        self._stored = stored if state is not None and _asks_model(state) else None
+        self._history = history
+        self.next_turn: str | None = None
+        self.replies: tuple[str, ...] = ()
+        self.released = False
+        self.turn_id = ""
+        self.cancel: TurnCancel | None = None
+        self.decisions: dict[str, TurnDecision] = {}
+        self.parked: int | None = None
+        self.controls_waiting = False
+
+    def read_controls(self, flat: Sequence[bytes | str]) -> None:
+        """The turn's controls hash as the lease script read it (field, value, …)."""
+        for field, value in zip(flat[::2], flat[1::2], strict=True):
+            name = _bytes(field).decode()
+            if name == "cancel":
+                self.cancel = decode(_bytes(value), TurnCancel)
+            elif name == "parked":
+                self.parked = int(_bytes(value))
+            elif name.startswith("decision:"):
+                self.decisions[name[9:]] = decode(_bytes(value), TurnDecision)
+
+    def take_state(self) -> AgentState | None:
+        state, self._state = self._state, None
+        return state
+
+    def park(self, state: AgentState) -> ParkedState:
+        stored, self._stored = self._stored, None
+        if stored is not None and stored[0] == state.version:
+            return ParkedState(stored[1], state.version)
+        return ParkedState(encode_stored(state), state.version)
+
+    async def load_messages(self, state: AgentState) -> StoredMessages:
+        redis = self.store.redis
+        sid = state.session_id
+        ex = state.execution
+        if self._history is not None and (ex is None or ex.request.persist):
+            history, self._history = self._history, None
+            return StoredMessages(_unpack(history))
+        with self.store.timed("load_messages"):
+            if ex is None or ex.request.persist:
+                items = await redis.lrange(keys.session_history(sid), 0, -1)
+            else:
+                async with redis.pipeline(transaction=False) as pipe:
+                    pipe.lrange(keys.session_history(sid), 0, ex.history_start - 1)
+                    pipe.lrange(keys.turn_transient(sid, ex.turn_id), 0, -1)
+                    before, during = await pipe.execute()
+                items = [*before, *during] if ex.history_start > 0 else list(during)
+        return StoredMessages(_unpack(items))
+
+    async def save(
+        self,
+        state: AgentState,
+        *,
+        append: Sequence[ChatMessage] = (),
+        result: TurnResult | None = None,
+        release: bool = False,
+    ) -> AgentState:
+        sid = state.session_id
+        ex = state.execution
+        release = release or result is not None
+        turn_id = result.turn_id if result else (ex.turn_id if ex else "")
+        # a finished turn's state has no execution: its messages went where the turn said
+        transient = ex is not None and not ex.request.persist
+        target = keys.turn_transient(sid, turn_id) if transient else keys.session_history(sid)
+        appended = [encode(m) for m in append]
+        blob = self.store.encode_state(state)
+        parked = _parked_arg(state, self.parked)
+        args: list[Any] = [
+            self.token,
+            state.version,
+            blob,
+            "1" if release else "0",
+            self.store.ttl_s,
+            encode(result) if result is not None else "",
+            turn_id,
+            parked,
+            len(appended),
+            *appended,
+        ]
+        result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
+        try:
+            with self.store.timed("save"):
+                version, head, replies, waiting = await self.store._save(
+                    keys=[
+                        keys.session_lease(sid),
+                        keys.session_state(sid),
+                        target,
+                        result_key,
+                        keys.session_turns(sid),
+                        keys.session_queue(sid),
+                        keys.session_requests(sid),
+                        keys.turn_transient(sid, turn_id or "_"),
+                        keys.session_replies(sid),
+                        keys.turn_controls(sid, turn_id or "_"),
+                    ],
+                    args=args,
+                )
+        except ResponseError as exc:
+            if "STALE" in str(exc):
+                raise StaleStateError(f"session {sid}: {exc}") from None
+            raise
+        self.released = release
+        if parked == "-":
+            self.parked = None
+        elif parked:
+            self.parked = int(parked)
+            self.controls_waiting = bool(int(waiting))
+        _failpoint_after_save(state, append)
+        if parked:
+            failpoints.hit("parked" if parked != "-" else "resumed")
+        if self._history is not None and not transient:
+            self._history.extend(appended)
+        if result is not None:
+            head = head.decode() if isinstance(head, bytes) else head
+            self.next_turn = head or None
+            self.replies = tuple(_bytes(replies).decode().split())
+        saved = state.model_copy(update={"version": int(version)})
+        # kept for the model call that follows a turn's first save; after any other save the
+        # step waits on tools or is over, and the bytes would only be held longer
+        keep = not release and _asks_model(saved)
+        self._stored = (saved.version, blob) if keep else None
+        return saved
+
+
+def _parked_arg(state: AgentState, parked: int | None) -> str:
+    """The save script's ``parked``: the step a turn parks at, '-' when a parked turn goes on
+    (or ends), '' otherwise."""
+    ex = state.execution
+    if ex is not None and ex.status == "waiting":
+        index = ex.pending.index if ex.pending is not None else len(ex.steps)
+        return "" if parked == index else str(index)
+    return "-" if parked is not None else ""
+
+
+def _asks_model(state: AgentState) -> bool:
+    ex = state.execution
+    return ex is not None and ex.pending is None
+
+
+def _failpoint_after_save(state: AgentState, append: Sequence[ChatMessage]) -> None:
+    if any(m.role == "assistant" and m.tool_calls for m in append):
+        failpoints.hit("model_saved")
+    ex = state.execution
+    if any(m.role == "tool" for m in append) or (
+        not append and ex is not None and ex.pending is not None and ex.pending.results
+    ):
+        failpoints.hit("tool_result_saved")
+
+
+def _unpack(chunks: Sequence[bytes | str]) -> list[dict[str, Any]]:
+    """Stored messages as plain data. Each chunk holds one or more whole messages; they are ours
+    (validated when saved), so they are not validated again on every step."""
+    out: list[dict[str, Any]] = []
+    for chunk in chunks:
+        data = _bytes(chunk)
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
+        unpacker.feed(data)
+        out.extend(unpacker)
+    return out
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
