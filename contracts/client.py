@@ -366,6 +366,13 @@ class LoopwireClient:
         finally:
             await handle.close()
 
+    async def tree(self, root_turn_id: str) -> AsyncIterator[Event]:
+        """Every event of a turn and of its child turns however deep (their events carry the
+        root's turn id), from now on."""
+        async for event in self.subscribe("#"):
+            if event.turn_id == root_turn_id or event.root_turn_id == root_turn_id:
+                yield event
+
     async def subscribe(self, pattern: str = "#") -> AsyncIterator[Event]:
         """Every event whose routing key matches ``pattern`` (e.g. ``tool.invoked.#``), from now on."""
         queue = await self.channel.declare_queue(_queue_name(), exclusive=True, auto_delete=True)

@@ -16,6 +16,11 @@ The turn is parked meanwhile (``status: waiting``: no worker holds it); once eve
 the step is decided, any worker resumes it. A call not decided within the agent's
 ``approval_timeout_s`` is rejected. A second decision for a call is dropped.
 
+``turn.child_result`` (body ``TurnChildResult``) carries a child turn's result to its
+parent: the worker that finished the child sends it. The parent records it like a tool result
+of the call that started the child, and goes on once every child of its step has answered. A
+copy is dropped; one for a parent that has finished is acked and dropped.
+
 ``session_id`` may be left out: the worker finds the turn's session from its id.
 """
 
@@ -26,6 +31,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from contracts.base import Contract, SafeId
+from contracts.turns import TurnParent, TurnResult
 
 
 class TurnCancel(Contract):
@@ -73,3 +79,11 @@ class ApprovalRequest(Contract):
     arguments: str = Field(description="As the model wrote them (redacted when the agent redacts).")
     since: float
     until: float | None = None
+
+
+class TurnChildResult(Contract):
+    """A child turn's result, for its parent (``parent``: the child's ``TurnRequest.parent``)."""
+
+    schema_version: Literal[1] = 1
+    parent: TurnParent
+    result: TurnResult

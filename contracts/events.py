@@ -21,7 +21,7 @@ from pydantic import Field
 from contracts.base import AgentName, Contract, SafeId
 from contracts.messages import Usage
 from contracts.state import StepType, ToolOutcome
-from contracts.turns import FinishReason, TurnResult
+from contracts.turns import FinishReason, TurnParent, TurnResult
 
 EventType = Literal[
     "turn.accepted",
@@ -36,6 +36,8 @@ EventType = Literal[
     "approval.requested",
     "approval.decided",
     "budget.exhausted",
+    "child.started",
+    "child.finished",
 ]
 EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -110,6 +112,27 @@ class BudgetExhausted(Contract):
     final_call: bool = Field(description="Whether one last model call (without tools) follows.")
 
 
+class ChildStarted(Contract):
+    """A turn started a child turn for one of its calls (a sub-agent, a workflow node)."""
+
+    call_id: str
+    turn_id: SafeId = Field(description="The child's turn id.")
+    session_id: SafeId = Field(description="The child's session.")
+    agent: AgentName = Field(description="The child's agent (or workflow).")
+
+
+class ChildFinished(Contract):
+    """A child turn's result reached its parent."""
+
+    call_id: str
+    turn_id: SafeId
+    agent: AgentName
+    finish_reason: FinishReason
+    usage: Usage
+    cost_usd: float = 0.0
+    duration_s: float
+
+
 class TurnRejected(Contract):
     reason: str = Field(max_length=2000)
     code: str = Field(max_length=64)
@@ -126,6 +149,8 @@ EventData = (
     | ApprovalRequested
     | ApprovalDecided
     | BudgetExhausted
+    | ChildStarted
+    | ChildFinished
 )
 
 
@@ -143,6 +168,16 @@ class Event(Contract):
     turn_id: SafeId | None = None
     session_id: SafeId | None = None
     step: int | None = None
+    parent_turn_id: SafeId | None = Field(
+        default=None,
+        description="Set on a child turn's events: the turn that started it.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
+    root_turn_id: SafeId | None = Field(
+        default=None,
+        description="Set on a child turn's events: the turn at the root of its tree.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
     data: EventData
 
     @property
@@ -161,6 +196,10 @@ class Event(Contract):
         }
         if self.turn_id:
             headers["ce-subject"] = self.turn_id
+        if self.parent_turn_id:  # CloudEvents extension attributes
+            headers["ce-parentturnid"] = self.parent_turn_id
+        if self.root_turn_id:
+            headers["ce-rootturnid"] = self.root_turn_id
         return headers
 
 
@@ -192,8 +231,22 @@ def make_event(
     step: int | None = None,
     call_id: str = "",
     id_suffix: str = "",
+    parent: TurnParent | None = None,
 ) -> Event:
-    """Build an event with its deterministic id."""
+    """Build an event with its deterministic id; ``parent``: the turn's, when it is a child."""
+    if parent is not None:
+        return Event(
+            id=event_id(event_type, turn_id, step, call_id + id_suffix),
+            type=event_type,
+            time=time,
+            agent=agent,
+            turn_id=turn_id,
+            session_id=session_id,
+            step=step,
+            parent_turn_id=parent.turn_id,
+            root_turn_id=parent.root_turn_id,
+            data=data,
+        )
     return Event(
         id=event_id(event_type, turn_id, step, call_id + id_suffix),
         type=event_type,

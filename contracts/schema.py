@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from contracts.control import TurnCancel, TurnDecision
+from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import Event
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
@@ -24,6 +24,7 @@ PUBLIC_CONTRACTS: dict[str, type[BaseModel]] = {
     "TurnResult": TurnResult,
     "TurnCancel": TurnCancel,
     "TurnDecision": TurnDecision,
+    "TurnChildResult": TurnChildResult,
     "Event": Event,
     "ToolDefinition": ToolDefinition,
     "ToolCallRequest": ToolCallRequest,

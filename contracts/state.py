@@ -134,14 +134,34 @@ class StopSignal(Contract):
     reason: str = Field(default="", max_length=2000)
 
 
+class ChildTurn(Contract):
+    """A child turn a parked turn waits for: the call that started it, its turn and session."""
+
+    call_id: str
+    turn_id: SafeId
+    session_id: SafeId
+    agent: AgentName
+
+
 class Wait(Contract):
     """What a parked turn waits for. ``approval``: decisions on ``call_ids``; ``throttled``:
-    its slot under the model's rate limits, at ``until``."""
+    its slot under the model's rate limits, at ``until``; ``children``: the results of the
+    child turns it started (``children``), one for each call of ``call_ids``."""
 
-    kind: Literal["approval", "throttled"]
+    kind: Literal["approval", "throttled", "children"]
     call_ids: tuple[str, ...] = ()
     since: float
     until: float | None = Field(default=None, description="When the wait times out.")
+    children: tuple[ChildTurn, ...] = Field(
+        default=(),
+        exclude_if=lambda value: not value,  # added to v1: written only when set
+    )
+    answered: int = Field(
+        default=0,
+        ge=0,
+        description="Children whose results the parked turn has saved.",
+        exclude_if=lambda value: value == 0,
+    )
 
 
 class ExecutionState(Contract):

@@ -40,6 +40,9 @@ KIND_CANCEL: Final = "turn.cancel"
 """A control message (``contracts.control.TurnCancel``): end a turn wherever it is."""
 KIND_DECISION: Final = "turn.decision"
 """A control message (``contracts.control.TurnDecision``): decide a call a turn waits on."""
+KIND_CHILD_RESULT: Final = "turn.child_result"
+"""A control message (``contracts.control.TurnChildResult``): a child turn's result, for its
+parent."""
 
 RETRY_QUEUE: Final = "loopwire.turns.retry"
 """Delay queue: work for a busy session (or a step to retry) waits here, then dead-letters back

@@ -86,6 +86,18 @@ class InputMessage(Contract):
         return ChatMessage(role=self.role, content=self.content)
 
 
+class TurnParent(Contract):
+    """The turn that started a child turn (a sub-agent call, a workflow node): its session,
+    turn and call, the root of the tree and the child's depth in it (the root's children are
+    at depth 1)."""
+
+    session_id: SafeId
+    turn_id: SafeId
+    call_id: str = Field(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
+    root_turn_id: SafeId
+    depth: int = Field(default=1, ge=1, le=32)
+
+
 class TurnRequest(Contract):
     """Start a turn: the publisher names the agent and session and chooses the turn id.
 
@@ -120,6 +132,11 @@ class TurnRequest(Contract):
         default=NO_BUDGET,
         description="Lowers the agent's per-turn budget (never raises it).",
         exclude_if=lambda budget: budget.empty,  # added to v1: written only when set
+    )
+    parent: TurnParent | None = Field(
+        default=None,
+        description="Set on a child turn: its result goes to the parent as turn.child_result.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
     )
 
     @field_validator("reply_to")
@@ -169,6 +186,11 @@ class TurnResult(Contract):
     output: Any = Field(
         default=None,
         description="The answer parsed, when the turn asked for structured output.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
+    parent: TurnParent | None = Field(
+        default=None,
+        description="A child turn's parent (from its request).",
         exclude_if=lambda value: value is None,  # added to v1: written only when set
     )
 

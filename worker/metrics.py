@@ -168,6 +168,12 @@ class WorkerMetrics(LoopObserver):
             ["agent", "budget"],
             registry=r,
         )
+        self.children = Counter(
+            "loopwire_child_turns_started",
+            "Child turns started (sub-agent calls, workflow nodes), by the parent's agent.",
+            ["agent"],
+            registry=r,
+        )
         self.cancellations = Counter(
             "loopwire_turns_cancelled",
             "Turns ended as cancelled, by reason: cancel (a turn.cancel), deadline.",
@@ -289,6 +295,9 @@ class WorkerMetrics(LoopObserver):
 
     def budget_exhausted(self, agent: str, budget: str) -> None:
         self.child(self.budgets, agent, budget).inc()
+
+    def children_started(self, agent: str, count: int) -> None:
+        self.child(self.children, agent).inc(count)
 
     # -- transport ---------------------------------------------------------------------------
 

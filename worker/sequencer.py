@@ -12,6 +12,10 @@ only the head runs, and the worker that finishes it kicks the next one (the
 finish and the pop are one script). A worker that finds the session leased by
 another worker does not wait: the message goes to the delay queue (``Busy``).
 
+Control messages and parked turns are handled by the ``Controls`` half (``worker.controls``).
+A child turn's end sends its result to its parent (``turn.child_result``); a turn that ends
+while children are out cancels them (``turn.cancel``).
+
 Every ``Reply`` carries ``deliver(result)``: the publisher's copy of a result
 (e.g. placeholders restored by the ``redact`` hook set), while the stored
 result and the ``turn.completed`` event keep what the loop produced.
@@ -25,68 +29,25 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
+from contracts.control import TurnCancel, TurnChildResult
 from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
-from contracts.state import AgentState, ExecutionState, StopSignal
-from contracts.turns import TurnError, TurnRequest, TurnResult
+from contracts.state import ChildTurn, ExecutionState
+from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
+from worker.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step, first_step
 from worker.agents import AgentProfile, AgentProfiles
+from worker.controls import Controls
 from worker.errors import PermanentError
 from worker.loop import EventSink, Finished, Loop, StepOutcome, Waiting, new_execution
-from worker.loop.approvals import timed_out, with_decisions
 from worker.loop.output import check_schema
-from worker.loop.ports import LoopObserver, observe
-from worker.loop.turn import turn_of, turn_result, with_execution
+from worker.loop.ports import LoopObserver
+from worker.loop.turn import turn_of
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
 
 log = logging.getLogger("loopwire.sequencer")
 
-WAIT_EARLY_S = 1.0
-"""An approval's timeout message back this little before its time counts as due (the
-workers' clocks differ a little; the wait queues' delays are whole seconds)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """Publish this step message."""
-
-    work: StepWork
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """Send the turn's result to the publisher's reply queue."""
-
-    reply_to: str
-    result: TurnResult
-
-
-@dataclass(frozen=True, slots=True)
-class Busy:
-    """The session is leased by another worker: retry this message after a delay."""
-
-
-@dataclass(frozen=True, slots=True)
-class Delay:
-    """Send this step message (a parked turn's timeout) through the wait queues: it comes
-    back at ``work.wait_until``."""
-
-    work: StepWork
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    """Nothing to do (a duplicate or stale message): ack it."""
-
-    reason: str
-    code: str = "duplicate"
-    """A fixed code for metrics: ``duplicate_request``, ``stale_step``, ``finished_turn``,
-    ``missing_request``."""
-
-
-Action = Step | Reply | Busy | Drop | Delay
 LoopFactory = Callable[[StepSession, AgentProfile], Loop]
 Deliver = Callable[[TurnResult], Awaitable[TurnResult]]
 
@@ -95,7 +56,7 @@ async def _as_is(result: TurnResult) -> TurnResult:
     return result
 
 
-class SessionSequencer:
+class SessionSequencer(Controls):
     def __init__(
         self,
         *,
@@ -140,6 +101,9 @@ class SessionSequencer:
             replies: list[Action] = []
             if request.reply_to:
                 replies.append(Reply(request.reply_to, await self.deliver(accepted.result)))
+            # a child's parent hears of it again (the worker that finished it may have died
+            # before it could tell; a copy is dropped there)
+            replies += _to_parent(accepted.result)
             return [*replies, Drop("duplicate turn request: already finished", "duplicate_request")]
         if accepted.status == "pending":
             # A duplicate of a turn not finished yet. The first delivery may have died between
@@ -147,30 +111,12 @@ class SessionSequencer:
             # it is the session's head, kick it again (a duplicate kick is dropped as stale).
             await self._emit_accepted(request, accepted.accepted_at)
             if await self.store.head(request.session_id) == request.turn_id:
-                return [_first_step(request.session_id, request.turn_id)]
+                return [first_step(request.session_id, request.turn_id)]
             return [Drop("duplicate turn request: still queued or running", "duplicate_request")]
         await self._emit_accepted(request, accepted.accepted_at)
         if accepted.status == "start":
-            return [_first_step(request.session_id, request.turn_id)]
+            return [first_step(request.session_id, request.turn_id)]
         return []
-
-    async def on_decision(self, decision: TurnDecision) -> list[Action]:
-        """Record a decision on a call a turn waits on; a parked turn's step is published, and
-        applies every decision recorded so far under the lease."""
-        turn_id = decision.turn_id
-        session_id = decision.session_id or await self.store.session_of(turn_id)
-        if session_id is None:
-            return [Drop(f"decision for unknown turn {turn_id}", "unknown_turn")]
-        field = f"decision:{decision.call_id}"
-        recorded = await self.store.record_control(session_id, turn_id, field, decision)
-        if recorded.status == "unknown":
-            return [Drop(f"decision for unknown turn {turn_id}", "unknown_turn")]
-        if recorded.status == "finished":
-            return [Drop(f"decision for finished turn {turn_id}", "finished_turn")]
-        failpoints.hit("decision_recorded")
-        if recorded.status == "again" and recorded.parked is None:
-            return [Drop(f"second decision on call {decision.call_id}", "duplicate")]
-        return _wake(session_id, turn_id, recorded.parked)
 
     async def on_step(self, work: StepWork) -> list[Action]:
         session = await self.store.take(work.session_id, work.turn_id)
@@ -200,43 +146,6 @@ class SessionSequencer:
             self.leases.drop(session)
             if not session.released:
                 await self.store.release(session)
-
-    async def on_cancel(self, cancel: TurnCancel) -> list[Action]:
-        """Record a cancel and end the turn wherever it is: one queued behind others at once;
-        the running one by its next step (or the step running now, told by its lease renewal),
-        which sees the cancel under the lease."""
-        turn_id = cancel.turn_id
-        session_id = cancel.session_id or await self.store.session_of(turn_id)
-        if session_id is None:
-            return [Drop(f"cancel for unknown turn {turn_id}", "unknown_turn")]
-        recorded = await self.store.record_control(session_id, turn_id, "cancel", cancel)
-        if recorded.status == "unknown":
-            return [Drop(f"cancel for unknown turn {turn_id}", "unknown_turn")]
-        if recorded.status == "finished":
-            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
-        failpoints.hit("cancel_recorded")
-        request = await self.store.request(session_id, turn_id)
-        if request is None:  # ended meanwhile
-            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
-        profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
-        state = _cancelled(new_execution(None, request, profile, self.clock()), cancel)
-        result = turn_result(state, "cancelled", None, None, self.clock())
-        ended, replies = await self.store.end_queued(session_id, turn_id, result)
-        if ended == "finished":
-            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
-        if ended == "ended":
-            observe(self.observer.turn_finished, result)
-        if ended == "head":
-            # the session's running turn: its next step message (or the renewal of the step
-            # running now) finds the cancel under the lease; a parked one has none, so the
-            # step it is parked at is published
-            return _wake(session_id, turn_id, recorded.parked)
-        await self._emit_finished(result)
-        actions: list[Action] = []
-        if replies:
-            delivered = await self.deliver(result)
-            actions += [Reply(reply_to, delivered) for reply_to in replies]
-        return actions
 
     async def _run(
         self, session: StepSession, work: StepWork, abandon: Callable[[], None]
@@ -306,69 +215,22 @@ class SessionSequencer:
             assert state is not None  # it has a turn attached
             request = ex.request
             if ex.status == "waiting":
-                woken = self._wake_parked(state, session, work)
+                woken = await self._wake_parked(state, session, work)
                 if isinstance(woken, list):
                     return woken
                 state = woken
         profile = self.profile(request.agent)
         ex = turn_of(state) if state.execution else None
-        waited = ex.wait.call_ids if ex is not None and ex.wait is not None else ()
+        wait = ex.wait if ex is not None else None
+        waited = wait.call_ids if wait is not None and wait.kind == "approval" else ()
         stepping = self.loop_factory(session, profile).step(state, profile)
         return _Stepping(stepping, request, waited)
-
-    def _wake_parked(
-        self, state: AgentState, session: StepSession, work: StepWork
-    ) -> AgentState | list[Action]:
-        """A step message for a parked turn: the decisions recorded so far go into its state,
-        and its own timeout message, when due, rejects what is still undecided."""
-        ex = turn_of(state)
-        wait = ex.wait
-        assert wait is not None
-        if wait.kind == "throttled" and work.wait_until is None:
-            # not its timeout: it waits for its slot (sent again, in case the worker that
-            # parked it died before it could send it)
-            return [Delay(work.model_copy(update={"wait_until": wait.until}))]
-        woken = with_decisions(state, session.decisions)
-        if work.wait_until is not None:
-            if work.wait_until != wait.until:
-                return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
-            now = self.clock()
-            # a throttled turn waits its whole wait (a Retry-After is a floor)
-            early = WAIT_EARLY_S if wait.kind == "approval" else 0.0
-            if now < work.wait_until - early:  # one hop of several: on to the next
-                return [Delay(work)]
-            return timed_out(woken, now) if wait.kind == "approval" else woken
-        return woken
-
-    async def _list_waiting(self, state: AgentState) -> None:
-        """Keep the fleet-wide list of calls waiting for a decision (``loopwire approvals``)."""
-        ex = turn_of(state)
-        wait, pending = ex.wait, ex.pending
-        assert wait is not None and pending is not None and pending.response is not None
-        calls = {c.id: c for c in pending.response.message.tool_calls}
-        open_ = [c for c in wait.call_ids if c not in pending.decisions]
-        await self.store.note_approvals(
-            [
-                ApprovalRequest(
-                    turn_id=ex.turn_id,
-                    session_id=state.session_id,
-                    agent=ex.request.agent,
-                    call_id=call_id,
-                    tool=calls[call_id].name,
-                    arguments=calls[call_id].arguments,
-                    since=wait.since,
-                    until=wait.until,
-                )
-                for call_id in open_
-            ]
-        )
-        await self.store.clear_approvals(ex.turn_id, list(pending.decisions))
 
     def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:
         """The turn is parked: its timeout message goes out (again, when a step message finds
         it still waiting: the worker that parked it may have died before sending it; copies
         are harmless), and control messages recorded while it parked wake it at once."""
-        actions: list[Action] = []
+        actions: list[Action] = [Start(request) for request in outcome.start]
         if outcome.until is not None:
             actions.append(Delay(work.model_copy(update={"wait_until": outcome.until})))
         if session.controls_waiting:
@@ -380,24 +242,6 @@ class SessionSequencer:
         if ex is not None:
             return ex.turn_id == work.turn_id
         return await self.store.head(work.session_id) == work.turn_id
-
-    async def _end_cancelled(
-        self, session: StepSession, state: AgentState | None, work: StepWork, cancel: TurnCancel
-    ) -> list[Action]:
-        """End the session's running turn for its cancel, with the content it had."""
-        ex = state.execution if state else None
-        request = ex.request if ex else await self.store.request(work.session_id, work.turn_id)
-        if request is None:
-            return [Drop(f"turn {work.turn_id} has no stored request", "missing_request")]
-        profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
-        if state is None or ex is None:
-            state = new_execution(state, request, profile, self.clock())
-        loop = self.loop_factory(session, profile)
-        content = ex.last_content if ex else None
-        finished = await loop.end(_cancelled(state, cancel), profile, "cancelled", content)
-        if ex is not None and ex.wait is not None:
-            await self.store.clear_approvals(ex.turn_id, ex.wait.call_ids)
-        return await self._finished(finished, request, session)
 
     async def fail_turn(self, work: StepWork, code: str, reason: str) -> list[Action]:
         """End the turn of a step that can never succeed (``finish_reason: error``) through the
@@ -438,8 +282,12 @@ class SessionSequencer:
         if replies:
             delivered = await self.deliver(finished.result)
             actions += [Reply(reply_to, delivered) for reply_to in replies]
+        actions += _to_parent(finished.result)
+        actions += _cancel_children(
+            finished.orphans, request.turn_id, finished.result.finish_reason
+        )
         if session.next_turn is not None:
-            actions.append(_first_step(request.session_id, session.next_turn))
+            actions.append(first_step(request.session_id, session.next_turn))
         return actions
 
     async def _already_done(self, work: StepWork, head: str | None) -> list[Action]:
@@ -454,8 +302,9 @@ class SessionSequencer:
         if replies:
             delivered = await self.deliver(result)
             actions += [Reply(reply_to, delivered) for reply_to in replies]
+        actions += _to_parent(result)
         if head is not None and head != work.turn_id:
-            actions.append(_first_step(work.session_id, head))
+            actions.append(first_step(work.session_id, head))
         return [*actions, Drop("finished turn: effects repeated", "finished_turn")]
 
     async def _emit_finished(self, result: TurnResult) -> None:
@@ -466,6 +315,7 @@ class SessionSequencer:
             time=result.completed_at,
             turn_id=result.turn_id,
             session_id=result.session_id,
+            parent=result.parent,
         )
         try:
             await self.events.emit(event)
@@ -482,6 +332,7 @@ class SessionSequencer:
             time=self.clock() if at is None else at,
             turn_id=request.turn_id,
             session_id=request.session_id,
+            parent=request.parent,
         )
         try:
             await self.events.emit(event)
@@ -499,19 +350,25 @@ class _Stepping:
     """The calls the turn waited on, if it was parked."""
 
 
-def _cancelled(state: AgentState, cancel: TurnCancel) -> AgentState:
-    """The turn marked as stopped by its cancel: ``stopped_by`` is the cancel's reason."""
-    by = f"cancelled by {cancel.by}" if cancel.by else "cancelled"
-    return with_execution(state, stop_signal=StopSignal(source=cancel.reason, reason=by))
-
-
-def _wake(session_id: str, turn_id: str, parked: int | None) -> list[Action]:
-    """The step message that applies a control message to a parked turn (none for a turn that
-    is not parked: its next step, or the step running now, sees it)."""
-    if parked is None:
+def _to_parent(result: TurnResult) -> list[Action]:
+    """A child turn's result for its parent (nothing for a turn that is not a child)."""
+    if result.parent is None:
         return []
-    return [Step(StepWork(session_id=session_id, turn_id=turn_id, step=parked))]
+    return [Control(TurnChildResult(parent=result.parent, result=result))]
 
 
-def _first_step(session_id: str, turn_id: str) -> Step:
-    return Step(StepWork(session_id=session_id, turn_id=turn_id, step=0))
+def _cancel_children(
+    orphans: tuple[ChildTurn, ...], turn_id: str, reason: FinishReason
+) -> list[Action]:
+    """A cancel for each child a turn still waited on when it ended."""
+    return [
+        Control(
+            TurnCancel(
+                turn_id=child.turn_id,
+                session_id=child.session_id,
+                reason=f"parent {reason}",
+                by=f"turn {turn_id}",
+            )
+        )
+        for child in orphans
+    ]

@@ -36,6 +36,8 @@ from contracts.events import (
     ApprovalDecided,
     ApprovalRequested,
     BudgetExhausted,
+    ChildFinished,
+    ChildStarted,
     Event,
     EventData,
     StepCompleted,
@@ -678,6 +680,18 @@ EVENT_DATA: dict[str, EventData] = {
     ),
     "budget.exhausted": BudgetExhausted(
         budget="turn.max_tool_calls", limit=3, used=3, final_call=True
+    ),
+    "child.started": ChildStarted(
+        call_id="call_1", turn_id="T1-c1", session_id="S1-c1", agent="researcher"
+    ),
+    "child.finished": ChildFinished(
+        call_id="call_1",
+        turn_id="T1-c1",
+        agent="researcher",
+        finish_reason="stop",
+        usage=USAGE,
+        cost_usd=0.25,
+        duration_s=1.5,
     ),
 }
 

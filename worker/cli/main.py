@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("pattern", nargs="?", default="#", help="e.g. 'tool.invoked.#' (default: #)")
     tail.add_argument("--json", action="store_true", help="JSON lines instead of text")
     tail.add_argument("--count", type=int, default=None, help="exit after this many events")
+    tail.add_argument(
+        "--tree", metavar="TURN_ID", default=None, help="a turn's events and its child turns'"
+    )
 
     dlq = sub.add_parser("dlq", help="dead-lettered work")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", metavar="COMMAND", required=True)
@@ -179,7 +182,11 @@ def _run(args: argparse.Namespace) -> int:
 
         return asyncio.run(
             run_tail_command(
-                amqp_url=args.amqp_url, pattern=args.pattern, as_json=args.json, count=args.count
+                amqp_url=args.amqp_url,
+                pattern=args.pattern,
+                as_json=args.json,
+                count=args.count,
+                tree=args.tree,
             )
         )
     if args.command == "dlq":

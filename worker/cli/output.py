@@ -7,6 +7,8 @@ import sys
 from typing import Any, TextIO
 
 from contracts.events import (
+    ChildFinished,
+    ChildStarted,
     Event,
     StepCompleted,
     ToolInvoked,
@@ -21,6 +23,8 @@ def event_line(event: Event) -> str:
     """A one-line human summary of an event."""
     data = event.data
     head = f"{event.type:<15} {event.agent:<12} {event.turn_id or '-'}"
+    if event.parent_turn_id:
+        head += f" (child of {event.parent_turn_id})"
     if isinstance(data, ToolInvoking):
         return f"{head}  {data.tool} ({data.call_id})"
     if isinstance(data, ToolInvoked):
@@ -38,6 +42,12 @@ def event_line(event: Event) -> str:
         return f"{head}  {r.finish_reason} after {r.steps} step(s) in {r.duration_s:.2f} s"
     if isinstance(data, TurnRejected):
         return f"{head}  {data.code}: {data.reason}"
+    if isinstance(data, ChildStarted):
+        return f"{head}  {data.agent} as {data.turn_id} ({data.call_id})"
+    if isinstance(data, ChildFinished):
+        return (
+            f"{head}  {data.agent} {data.finish_reason} in {data.duration_s:.2f} s ({data.call_id})"
+        )
     return head
 
 

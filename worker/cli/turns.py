@@ -97,10 +97,15 @@ async def _show_progress(
         sys.stderr.write("\r\033[K")
 
 
-async def run_tail_command(*, amqp_url: str, pattern: str, as_json: bool, count: int | None) -> int:
+async def run_tail_command(
+    *, amqp_url: str, pattern: str, as_json: bool, count: int | None, tree: str | None = None
+) -> int:
+    """Print events as they come: those matching ``pattern``, or (``tree``) those of a turn and
+    of its child turns."""
     async with connect(amqp_url) as client:
         seen = 0
-        async for event in client.subscribe(pattern):
+        events = client.tree(tree) if tree else client.subscribe(pattern)
+        async for event in events:
             print_event(event, as_json=as_json)
             seen += 1
             if count is not None and seen >= count:

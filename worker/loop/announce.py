@@ -40,6 +40,7 @@ async def announce(
         step=step,
         call_id=call_id,
         id_suffix=id_suffix,
+        parent=ex.request.parent if ex else None,
     )
     try:
         await events.emit(event)

@@ -41,12 +41,14 @@ from contracts.state import (
     StepExecution,
     StopSignal,
     ToolExecution,
+    Wait,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest
 from worker.errors import ModelError
 from worker.loop.approvals import undecided
 from worker.loop.budgets import configured, turn_spend
-from worker.loop.gates import Gates
+from worker.loop.children import agent_tools, unanswered_children
+from worker.loop.composer import Composer
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import Hook, HookContext
 from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome, Waiting
@@ -86,7 +88,7 @@ DEADLINE_SLACK_S = 0.05
 """A model call that fails this close to the turn's deadline was cut by it."""
 
 
-class Loop(Gates):
+class Loop(Composer):
     """Runs steps of turns over the injected model, tools, store, events and hooks."""
 
     __slots__ = (
@@ -140,7 +142,9 @@ class Loop(Gates):
 
         The state goes to the phase that runs before the model call; that phase ends before the
         model is awaited, so while the model thinks only the store's parked copy of the state is
-        held (``StateStore.park``)."""
+        held (``StateStore.park``). A workflow's step runs no model (``Composer._flow_step``)."""
+        if agent.workflow is not None:
+            return self._flow_step(state, agent)
         return self._step(self._before_model(state, agent), agent)
 
     async def run_turn(
@@ -164,13 +168,18 @@ class Loop(Gates):
             return phase
         state = phase.state
         ex = turn_of(state)
-        if ex.pending is not None and ex.stop_signal is None:
+        if ex.pending is not None and ex.stop_signal is None and _gated_by_approval(ex.wait):
             waiting = undecided(ex.pending, agent, await self._hook_asks(state, agent))
             if waiting:
                 return await self._park(state, agent, waiting)
             if ex.status == "waiting":
                 state = await self._resume(state)
         state, unsaved = await self.tools.run_pending(state, agent, self.catalog, self.store)
+        if agent.agents:  # its calls to sub-agents run as child turns
+            gated = await self._children(state, agent, unsaved)
+            if isinstance(gated, Waiting):
+                return gated
+            state, unsaved = gated
         return await self._complete_step(state, agent, unsaved)
 
     # -- phases ---------------------------------------------------------------
@@ -219,6 +228,9 @@ class Loop(Gates):
             return await self.end(stopped, agent, "stop", ex.last_content)
         if ex.budget_spent is None:
             offered = [d for d in await self.catalog.available() if agent.allows(d.name)]
+            if agent.agents:  # the agents it may call are tools too (and win a clash of names)
+                offered = [d for d in offered if agent.sub_agent(d.name) is None]
+                offered += agent_tools(agent)
         else:  # the last call of a spent budget: no tools, and a note to answer now
             offered = []
             messages = [*messages, ChatMessage(role="user", content=agent.budget_note)]
@@ -426,7 +438,10 @@ class Loop(Gates):
         (the saved result, or an error saying it was not run), so that the conversation the
         model sees next stays well-formed."""
         ex = turn_of(state)
-        if ex.pending is not None:  # ended mid-step: no call in the history without its result
+        orphans = unanswered_children(state)
+        if ex.pending is not None and agent.workflow is None:
+            # ended mid-step: no call in the history without its result (a workflow's calls
+            # are not in its history)
             append = (*append, *unanswered(ex.pending, reason))
         now = self.clock()
         result = turn_result(state, reason, content, error, now, output)
@@ -450,4 +465,9 @@ class Loop(Gates):
         await self._emit(
             finish_event_type(reason), TurnFinished(result=result), state, at=result.completed_at
         )
-        return Finished(saved, result)
+        return Finished(saved, result, orphans)
+
+
+def _gated_by_approval(wait: Wait | None) -> bool:
+    """Whether the step's calls pass the approval gate now (not while it waits on children)."""
+    return wait is None or wait.kind == "approval"

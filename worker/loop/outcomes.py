@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from contracts.state import AgentState, ModelResponse
-from contracts.turns import TurnResult
+from contracts.state import AgentState, ChildTurn, ModelResponse
+from contracts.turns import TurnRequest, TurnResult
 from worker.loop.ports import Parked
 
 
@@ -24,6 +24,8 @@ class Finished:
 
     state: AgentState
     result: TurnResult
+    orphans: tuple[ChildTurn, ...] = ()
+    """Child turns the turn still waited on when it ended: they are cancelled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,8 @@ class Waiting:
 
     state: AgentState
     until: float | None
+    start: tuple[TurnRequest, ...] = ()
+    """Child turns to start (again: a copy of one started is a duplicate, and runs nothing)."""
 
 
 StepOutcome = RunAgain | Finished | Waiting

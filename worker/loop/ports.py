@@ -145,6 +145,9 @@ class LoopObserver:
     def throttled(self, agent: str, reason: str) -> None:
         """A step parked its turn for a rate limit (``rate_limit``, or the model's ``429``)."""
 
+    def children_started(self, agent: str, count: int) -> None:
+        """A step of ``agent``'s turn started ``count`` child turns and parked."""
+
     def iteration_cap_hit(self, agent: str) -> None:
         """The iteration cap ended a turn (``finish_reason: max_iterations``)."""
 

@@ -8,14 +8,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from contracts.base import AgentName, Contract
+from contracts.base import AgentName, Contract, SafeId
 from contracts.turns import NO_BUDGET, Budget, LoopLimits
+from worker.loop.workflow import Workflow
+
+
+class SubAgent(Contract):
+    """An agent another agent may call as a tool (``agents`` of its profile): each call runs as
+    a child turn of that agent, in a session of its own (``session``: one named session for
+    every call, queued there one after another), and its answer is the call's result."""
+
+    agent: AgentName
+    session: SafeId | None = Field(
+        default=None,
+        description="The child turns' session; default: one per call, derived from the "
+        "caller's session and the call id.",
+    )
+    description: str | None = Field(
+        default=None,
+        max_length=8000,
+        description="What the model is told of the tool; default: the agent's description.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value: Any) -> Any:
+        return {"agent": value} if isinstance(value, str) else value
 
 
 class AgentSpec(Contract):
     name: AgentName
+    description: str = Field(
+        default="",
+        max_length=8000,
+        description="What the agent does: what a model calling it as a tool is told.",
+    )
     system_prompt: str | None = None
     model: str | None = Field(default=None, description="Overrides the worker's default model.")
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -60,6 +89,25 @@ class AgentSpec(Contract):
     max_output_repairs: int = Field(
         default=2, ge=0, le=10, description="Invalid answers sent back to the model to repair."
     )
+
+    agents: tuple[SubAgent, ...] = Field(
+        default=(),
+        max_length=64,
+        description="Agents (or workflows) this agent may call as tools; each call is a child "
+        "turn.",
+    )
+    max_depth: int = Field(
+        default=3,
+        ge=1,
+        le=32,
+        description="How deep a tree of child turns under this agent's turns may grow.",
+    )
+    workflow: Workflow | None = Field(
+        default=None, description="Set for a workflow: it runs its nodes instead of a model."
+    )
+
+    def sub_agent(self, name: str) -> SubAgent | None:
+        return next((a for a in self.agents if a.agent == name), None)
 
     def allows(self, tool: str) -> bool:
         return "*" in self.tools or tool in self.tools

@@ -145,6 +145,8 @@ class ToolRunner:
         pending = ex.pending
         assert pending is not None and pending.response is not None
         todo = [c for c in pending.response.message.tool_calls if pending.result_for(c.id) is None]
+        if agent.agents:  # calls to sub-agents are the children gate's (worker.loop.composer)
+            todo = [c for c in todo if agent.sub_agent(c.name) is None]
         if not todo:
             return ToolPhase(state, ())
         offered = {d.name: d for d in await catalog.available() if agent.allows(d.name)}

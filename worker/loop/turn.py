@@ -71,6 +71,7 @@ def turn_result(
         duration_s=max(0.0, now - ex.started_at),
         completed_at=now,
         output=output,
+        parent=ex.request.parent,
     )
 
 

@@ -14,7 +14,7 @@ from redis.exceptions import ResponseError
 
 from contracts import keys
 from contracts.codec import decode, encode, encode_stored, read_stored
-from contracts.control import TurnCancel, TurnDecision
+from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnResult
@@ -58,6 +58,7 @@ class SessionHandle:
         "_state",
         "_stored",
         "cancel",
+        "children",
         "controls_waiting",
         "decisions",
         "next_turn",
@@ -91,6 +92,7 @@ class SessionHandle:
         self.turn_id = ""
         self.cancel: TurnCancel | None = None
         self.decisions: dict[str, TurnDecision] = {}
+        self.children: dict[str, TurnChildResult] = {}
         self.parked: int | None = None
         self.controls_waiting = False
 
@@ -104,6 +106,8 @@ class SessionHandle:
                 self.parked = int(_bytes(value))
             elif name.startswith("decision:"):
                 self.decisions[name[9:]] = decode(_bytes(value), TurnDecision)
+            elif name.startswith("child:"):
+                self.children[name[6:]] = decode(_bytes(value), TurnChildResult)
 
     def take_state(self) -> AgentState | None:
         state, self._state = self._state, None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from contracts.base import Contract
-from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
+from contracts.control import ApprovalRequest, TurnCancel, TurnChildResult, TurnDecision
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
 from worker.loop.ports import StateStore
@@ -70,6 +70,8 @@ class StepSession(StateStore, Protocol):
     """The turn's cancel, when one was recorded before the lease was taken."""
     decisions: dict[str, TurnDecision]
     """Decisions recorded for the turn's calls that wait for approval, by call id."""
+    children: dict[str, TurnChildResult]
+    """Results of the turn's child turns, by the call id that started each."""
     parked: int | None
     """The step the turn is parked at, if it is."""
     controls_waiting: bool
@@ -111,7 +113,7 @@ class SessionStore(Protocol):
         self, session_id: str, turn_id: str, field: str, control: Contract
     ) -> Recorded:
         """Record a control message of a turn once under ``field`` (``cancel``,
-        ``decision:<call id>``); read back by ``take`` with the lease."""
+        ``decision:<call id>``, ``child:<call id>``); read back by ``take`` with the lease."""
         ...
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from contracts.base import Contract
-from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
+from contracts.control import ApprovalRequest, TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import Event
 from contracts.messages import ChatMessage
 from contracts.state import AgentState, Spend
@@ -102,6 +102,8 @@ class MemoryStore:
                 session.cancel = value
             elif isinstance(value, TurnDecision):
                 session.decisions[field[9:]] = value
+            elif isinstance(value, TurnChildResult):
+                session.children[field[6:]] = value
             elif isinstance(value, int):
                 session.parked = value
         return session
@@ -257,6 +259,7 @@ class MemorySession:
         self.turn_id = ""
         self.cancel: TurnCancel | None = None
         self.decisions: dict[str, TurnDecision] = {}
+        self.children: dict[str, TurnChildResult] = {}
         self.parked: int | None = None
         self.controls_waiting = False
         self.token = token

@@ -38,21 +38,23 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from contracts import topology as t
-from contracts.base import SAFE_ID_PATTERN
+from contracts.base import SAFE_ID_PATTERN, Contract
 from contracts.codec import DecodeError, decode, decode_obj, encode
-from contracts.control import TurnCancel, TurnDecision
+from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import UNKNOWN, TurnRejected, make_event
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
 from worker import failpoints
+from worker.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step
 from worker.errors import PermanentError, RetryableError, StaleStateError
 from worker.loop import EventSink
 from worker.metrics import WorkerMetrics
-from worker.sequencer import Action, Busy, Delay, Drop, Reply, SessionSequencer, Step
+from worker.sequencer import SessionSequencer
 from worker.transport.publish import Publisher, properties
 
 log = logging.getLogger("loopwire.consumer")
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
+_CONTROL_KINDS = (t.KIND_CANCEL, t.KIND_DECISION, t.KIND_CHILD_RESULT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,8 @@ class Consumer:
             return await self.work.on_cancel(decode(body, TurnCancel))
         if kind == t.KIND_DECISION:
             return await self.work.on_decision(decode(body, TurnDecision))
+        if kind == t.KIND_CHILD_RESULT:
+            return await self.work.on_child_result(decode(body, TurnChildResult))
         raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
 
     async def _settle(
@@ -217,6 +221,8 @@ class Consumer:
                 )
             elif isinstance(action, Delay):
                 await self.publish_wait(action.work)
+            elif isinstance(action, Start | Control):
+                await self.publish_turn_message(action)
             elif isinstance(action, Busy):
                 log.debug("session busy; retrying later")
                 settlement = Retry("busy")
@@ -235,6 +241,33 @@ class Consumer:
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 headers={t.H_KIND: t.KIND_STEP},
                 message_id=f"{work.turn_id}:{work.step}",
+            ),
+        )
+
+    async def publish_turn_message(self, action: Start | Control) -> None:
+        """A child turn's request, a child's result for its parent, a cancel for a child."""
+        body: Contract
+        if isinstance(action, Start):
+            body, kind, message_id = action.request, t.KIND_START, action.request.turn_id
+        elif isinstance(action.message, TurnChildResult):
+            message = action.message
+            body, kind = message, t.KIND_CHILD_RESULT
+            message_id = f"{message.parent.turn_id}:{message.parent.call_id}:result"
+        else:
+            body, kind, message_id = (
+                action.message,
+                t.KIND_CANCEL,
+                f"{action.message.turn_id}:cancel",
+            )
+        await self.publisher.publish(
+            encode(body),
+            routing_key=t.TURNS_QUEUE,
+            mandatory=True,
+            properties=properties(
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={t.H_KIND: kind},
+                message_id=message_id,
             ),
         )
 
@@ -320,7 +353,7 @@ class Consumer:
             ),
         )
         self.metrics.dead_lettered.labels(letter.code).inc()
-        if step is None and headers.get(t.H_KIND) not in (t.KIND_CANCEL, t.KIND_DECISION):
+        if step is None and headers.get(t.H_KIND) not in _CONTROL_KINDS:
             # a turn request's turn is rejected; a bad control message rejects no turn
             await self._announce_rejected(message.body, reason, letter.code)
         return None

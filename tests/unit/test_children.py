@@ -1,0 +1,541 @@
+"""Child turns and workflows over the ``SessionSequencer`` and a ``MemoryStore``: a driver
+plays the transport (it performs every action the sequencer returns, as the consumer would),
+and the model answers by the agent that asks (its system prompt)."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from contracts.base import Contract
+from contracts.control import TurnCancel, TurnChildResult
+from contracts.messages import ChatMessage, ToolCall, Usage
+from contracts.state import ModelResponse
+from contracts.turns import InputMessage, TurnRequest, TurnResult
+from worker.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step
+from worker.agents import AgentProfiles
+from worker.loop.ports import ModelRequest
+from worker.sequencer import SessionSequencer
+from worker.testing.memory import FunctionTools, ListSink, MemoryStore
+from worker.testing.sequencing import sequencer_over
+
+Answer = Callable[[ModelRequest], ModelResponse]
+
+
+def says(text: str, tokens: int = 10) -> ModelResponse:
+    usage = Usage(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens)
+    return ModelResponse(message=ChatMessage(role="assistant", content=text), usage=usage)
+
+
+def calls(*pairs: tuple[str, str], tokens: int = 10) -> ModelResponse:
+    tool_calls = tuple(
+        ToolCall(id=f"call_{i}", name=name, arguments=json.dumps({"input": text}))
+        for i, (name, text) in enumerate(pairs)
+    )
+    usage = Usage(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens)
+    return ModelResponse(
+        message=ChatMessage(role="assistant", tool_calls=tool_calls),
+        finish_reason="tool_calls",
+        usage=usage,
+    )
+
+
+def last_user(request: ModelRequest) -> str:
+    return next(m.content or "" for m in reversed(request.messages) if m.role == "user")
+
+
+def tool_results(request: ModelRequest) -> list[str]:
+    return [m.content or "" for m in request.messages if m.role == "tool"]
+
+
+class ByAgent:
+    """A model that answers by the agent asking (its system prompt names it: ``agent:<name>``)."""
+
+    def __init__(self, answers: dict[str, Answer]) -> None:
+        self.answers = answers
+        self.requests: list[tuple[str, ModelRequest]] = []
+
+    def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+        system = request.messages[0].content or ""
+        agent = system.removeprefix("agent:")
+        self.requests.append((agent, request))
+        return self._answer(self.answers[agent](request))
+
+    @staticmethod
+    async def _answer(response: ModelResponse) -> ModelResponse:
+        return response
+
+    def asked(self, agent: str) -> list[ModelRequest]:
+        return [r for a, r in self.requests if a == agent]
+
+
+@dataclass
+class World:
+    sequencer: SessionSequencer
+    store: MemoryStore
+    model: ByAgent
+    events: ListSink
+    replies: list[TurnResult] = field(default_factory=list)
+    delayed: list[Action] = field(default_factory=list)
+    published: list[Action] = field(default_factory=list)
+
+    async def run(self, request: TurnRequest, *, until_idle: bool = True) -> None:
+        await self.drive([Start(request)])
+
+    async def drive(self, actions: list[Action], limit: int = 500) -> None:
+        """Perform actions as the transport would, until none is left."""
+        todo: deque[Action] = deque(actions)
+        while todo and limit:
+            limit -= 1
+            action = todo.popleft()
+            self.published.append(action)
+            if isinstance(action, Reply):
+                self.replies.append(action.result)
+                continue
+            if isinstance(action, Delay):
+                self.delayed.append(action)
+                continue
+            if isinstance(action, Drop):
+                continue
+            more = await self.handle(action)
+            if any(isinstance(a, Busy) for a in more):
+                todo.append(action)
+            todo.extend(a for a in more if not isinstance(a, Busy))
+        assert limit, "the turns did not settle"
+
+    async def handle(self, action: Action) -> list[Action]:
+        if isinstance(action, Step):
+            return await self.sequencer.on_step(action.work)
+        if isinstance(action, Start):
+            return await self.sequencer.on_request(action.request)
+        assert isinstance(action, Control)
+        message: Contract = action.message
+        if isinstance(message, TurnChildResult):
+            return await self.sequencer.on_child_result(message)
+        assert isinstance(message, TurnCancel)
+        return await self.sequencer.on_cancel(message)
+
+    def result(self, turn_id: str) -> TurnResult:
+        found = [r for r in self.replies if r.turn_id == turn_id]
+        assert found, f"no result for {turn_id}"
+        return found[-1]
+
+    def starts(self) -> list[TurnRequest]:
+        return [a.request for a in self.published if isinstance(a, Start) and a.request.parent]
+
+    async def child_result(self, parent: str, call_id: str) -> TurnResult:
+        for request in self.starts():
+            assert request.parent is not None
+            if request.parent.turn_id == parent and request.parent.call_id == call_id:
+                result = await self.store.result(request.session_id, request.turn_id)
+                assert result is not None
+                return result
+        raise AssertionError(f"no child of {parent} for {call_id}")
+
+
+def world(profiles: dict[str, Any], answers: dict[str, Answer]) -> World:
+    for agent in profiles.get("agents", []):
+        agent.setdefault("system_prompt", f"agent:{agent['name']}")
+    loaded = AgentProfiles.model_validate(profiles)
+    store, model, events = MemoryStore(), ByAgent(answers), ListSink()
+    sequencer = sequencer_over(
+        store,
+        model=model,
+        tools=FunctionTools({}),
+        definitions=[],
+        events=events,
+        agents=loaded.agents,
+    )
+    return World(sequencer, store, model, events)
+
+
+def request(agent: str, text: str, turn_id: str = "T1", **changes: Any) -> TurnRequest:
+    return TurnRequest(
+        turn_id=turn_id,
+        session_id="S1",
+        agent=agent,
+        input=(InputMessage(content=text),),
+        reply_to="client.replies",
+        **changes,
+    )
+
+
+# -- agents as tools ----------------------------------------------------------------------------
+
+
+def lead_answer(request: ModelRequest) -> ModelResponse:
+    results = tool_results(request)
+    if not results:
+        return calls(("researcher", "find A"), ("writer", "draft B"))
+    return says("combined: " + " | ".join(results))
+
+
+TEAM = {
+    "agents": [
+        {"name": "lead", "agents": ["researcher", {"agent": "writer", "description": "Writes."}]},
+        {"name": "researcher", "description": "Finds facts."},
+        {"name": "writer"},
+    ]
+}
+TEAM_ANSWERS: dict[str, Answer] = {
+    "lead": lead_answer,
+    "researcher": lambda r: says(f"facts on {last_user(r)}", tokens=5),
+    "writer": lambda r: says(f"text for {last_user(r)}", tokens=7),
+}
+
+
+async def test_an_agent_calls_two_sub_agents_in_parallel() -> None:
+    w = world(TEAM, TEAM_ANSWERS)
+    await w.run(request("lead", "go"))
+    result = w.result("T1")
+    assert result.finish_reason == "stop"
+    assert result.content == "combined: facts on find A | text for draft B"
+    # the model saw both agents as tools, described by their profiles (or the caller's entry)
+    offered = {d.name: d.description for d in w.model.asked("lead")[0].tools}
+    assert offered == {"researcher": "Finds facts.", "writer": "Writes."}
+    assert w.model.asked("lead")[0].tools[0].parameters["required"] == ["input"]
+    # both children started in the same step, before either answered
+    children = w.starts()
+    assert [c.agent for c in children] == ["researcher", "writer"]
+    assert {c.parent.turn_id for c in children if c.parent} == {"T1"}
+    assert all(c.parent and c.parent.depth == 1 and c.parent.root_turn_id == "T1" for c in children)
+    assert len({c.session_id for c in children}) == 2 and "S1" not in {
+        c.session_id for c in children
+    }
+    # usage rolls up: the parent's two calls (10 each) and the children's (5 and 7)
+    assert result.usage.total_tokens == 10 + 10 + 5 + 7
+    # the child's result knows its parent; the child's events carry parent and root
+    child = await w.child_result("T1", "call_0")
+    assert child.parent is not None and child.parent.call_id == "call_0"
+    child_events = [e for e in w.events.events if e.turn_id == child.turn_id]
+    assert child_events and all(e.parent_turn_id == "T1" for e in child_events)
+    assert all(e.root_turn_id == "T1" for e in child_events)
+    assert all(e.headers()["ce-rootturnid"] == "T1" for e in child_events)
+    parent_types = [e.type for e in w.events.events if e.turn_id == "T1"]
+    assert parent_types.count("child.started") == 2 and parent_types.count("child.finished") == 2
+    assert "tool.invoking" not in parent_types
+    # only the parent's publisher gets a result (the children's go to the parent)
+    assert {r.turn_id for r in w.replies} == {"T1"}
+
+
+async def test_a_redone_parent_step_starts_no_second_child() -> None:
+    w = world(TEAM, TEAM_ANSWERS)
+    first = await w.sequencer.on_request(request("lead", "go"))
+    assert isinstance(first[0], Step)
+    parked = await w.sequencer.on_step(first[0].work)
+    starts = [a for a in parked if isinstance(a, Start)]
+    assert len(starts) == 2
+    # the same step message again (its worker died before the ack): the same children again
+    again = await w.sequencer.on_step(first[0].work)
+    restarted = [a for a in again if isinstance(a, Start)]
+    assert [a.request.turn_id for a in restarted] == [a.request.turn_id for a in starts]
+    await w.drive([*parked, *again])
+    assert w.result("T1").content == "combined: facts on find A | text for draft B"
+    assert len(w.model.asked("researcher")) == 1 and len(w.model.asked("writer")) == 1
+    # a child's result delivered twice is recorded once
+    child = await w.child_result("T1", "call_0")
+    assert child.parent is not None
+    copy = await w.sequencer.on_child_result(TurnChildResult(parent=child.parent, result=child))
+    assert [type(a) for a in copy] == [Drop]
+
+
+async def test_a_failing_child_comes_back_as_an_error() -> None:
+    def boom(_: ModelRequest) -> ModelResponse:
+        return calls(("writer", "x"))  # calls what it may not: at its iteration cap…
+
+    profiles = {
+        "agents": [
+            {"name": "lead", "agents": ["researcher"]},
+            {"name": "researcher", "limits": {"max_tool_iterations": 1}},
+            {"name": "writer"},
+        ]
+    }
+    answers: dict[str, Answer] = {
+        "lead": lambda r: (
+            calls(("researcher", "q")) if not tool_results(r) else says("saw " + tool_results(r)[0])
+        ),
+        "researcher": boom,
+    }
+    w = world(profiles, answers)
+    await w.run(request("lead", "go"))
+    result = w.result("T1")
+    assert result.finish_reason == "stop"
+    seen = json.loads(result.content.removeprefix("saw ") if result.content else "{}")
+    assert "iteration cap" in seen["error"]
+
+
+async def test_calls_deeper_than_max_depth_come_back_as_errors() -> None:
+    def recurse(request: ModelRequest) -> ModelResponse:
+        results = tool_results(request)
+        if not results:
+            return calls(("echo", "deeper"))
+        return says("got " + results[0])
+
+    profiles = {"agents": [{"name": "echo", "agents": ["echo"], "max_depth": 2}]}
+    w = world(profiles, {"echo": recurse})
+    await w.run(request("echo", "top"))
+    result = w.result("T1")
+    # depth 1 and 2 ran; the call from depth 2 was refused
+    assert len(w.starts()) == 2
+    assert "max_depth" in (result.content or "")
+    assert result.content is not None and result.content.startswith("got got ")
+
+
+async def test_cancelling_a_parent_cancels_its_running_children() -> None:
+    w = world(TEAM, TEAM_ANSWERS)
+    first = await w.sequencer.on_request(request("lead", "go"))
+    parked = await w.sequencer.on_step(first[0].work)  # type: ignore[union-attr]
+    starts = [a for a in parked if isinstance(a, Start)]
+    queued: list[Action] = []
+    for start in starts:  # the children are accepted, their first steps still queued
+        queued += await w.sequencer.on_request(start.request)
+    cancelled = await w.sequencer.on_cancel(TurnCancel(turn_id="T1", session_id="S1"))
+    await w.drive(cancelled)
+    await w.drive(queued)
+    assert w.result("T1").finish_reason == "cancelled"
+    cancels = [
+        a.message
+        for a in w.published
+        if isinstance(a, Control) and isinstance(a.message, TurnCancel)
+    ]
+    assert {c.turn_id for c in cancels} == {s.request.turn_id for s in starts}
+    for start in starts:
+        child = await w.store.result(start.request.session_id, start.request.turn_id)
+        assert child is not None and child.finish_reason == "cancelled"
+        assert child.stopped_by == "parent cancelled"
+    assert not w.model.asked("researcher") and not w.model.asked("writer")
+
+
+async def test_children_spend_the_parents_budget() -> None:
+    profiles = {
+        "agents": [
+            {"name": "lead", "agents": ["researcher"], "budget": {"max_total_tokens": 100}},
+            {"name": "researcher"},
+        ]
+    }
+    answers: dict[str, Answer] = {
+        "lead": lambda r: calls(("researcher", "more"), tokens=10),
+        "researcher": lambda r: says("lots", tokens=40),
+    }
+    w = world(profiles, answers)
+    w.model.answers["lead"] = lambda r: (
+        says("final", tokens=10) if not r.tools else calls(("researcher", "more"), tokens=10)
+    )
+    await w.run(request("lead", "go"))
+    result = w.result("T1")
+    assert result.finish_reason == "budget"
+    assert result.stopped_by == "turn.max_total_tokens"
+    budgets = [c.budget.max_total_tokens for c in w.starts()]
+    assert budgets[0] == 90  # what was left after the parent's first call
+    assert budgets == sorted(budgets, reverse=True)
+
+
+# -- workflows ----------------------------------------------------------------------------------
+
+CLASSIFY = {
+    "name": "classifier",
+    "output_schema": {
+        "type": "object",
+        "properties": {"category": {"type": "string", "enum": ["billing", "technical"]}},
+        "required": ["category"],
+    },
+}
+
+
+def flows(*workflows: dict[str, Any], agents: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    base = [{"name": n} for n in ("a", "b", "c", "judge")]
+    return {"agents": [*base, CLASSIFY, *agents], "workflows": list(workflows)}
+
+
+ECHOES: dict[str, Answer] = {
+    name: (lambda n: lambda r: says(f"{n}({last_user(r)})"))(name) for name in ("a", "b", "c")
+}
+
+
+async def test_a_sequential_workflow_feeds_each_answer_to_the_next() -> None:
+    spec = flows(
+        {
+            "name": "chain",
+            "kind": "sequential",
+            "nodes": [
+                {"run": "a"},
+                {"run": "b"},
+                {"run": "c", "input": "{input} / {a}"},
+            ],
+        }
+    )
+    w = world(spec, ECHOES)
+    await w.run(request("chain", "x"))
+    result = w.result("T1")
+    assert result.content == "c(x / a(x))"
+    assert [m[1].messages[-1].content for m in w.model.requests] == ["x", "a(x)", "x / a(x)"]
+    assert result.steps == 3
+    # the workflow ran no model of its own, and its session holds the question and the answer
+    assert {a for a, _ in w.model.requests} == {"a", "b", "c"}
+    history = w.store.histories.get("S1", [])
+    assert [(m.role, m.content) for m in history] == [("user", "x"), ("assistant", "c(x / a(x))")]
+
+
+async def test_a_parallel_workflow_fans_out_and_joins() -> None:
+    plain = flows({"name": "fan", "kind": "parallel", "nodes": [{"run": "a"}, {"run": "b"}]})
+    w = world(plain, ECHOES)
+    await w.run(request("fan", "x"))
+    result = w.result("T1")
+    assert result.content == "[a]\na(x)\n\n[b]\nb(x)"
+    assert result.output == {"a": "a(x)", "b": "b(x)"}
+
+    joined = flows(
+        {
+            "name": "fan",
+            "kind": "parallel",
+            "nodes": [{"run": "a"}, {"run": "b"}],
+            "join": {"run": "c"},
+        }
+    )
+    w = world(joined, ECHOES)
+    await w.run(request("fan", "x"))
+    assert w.result("T1").content == "c([a]\na(x)\n\n[b]\nb(x))"
+
+
+def classifier(category: str | None) -> Answer:
+    return lambda r: says(json.dumps({"category": category} if category else {"other": 1}))
+
+
+async def test_a_conditional_workflow_routes_on_a_field_of_the_output() -> None:
+    spec = flows(
+        {
+            "name": "triage",
+            "kind": "conditional",
+            "node": {"run": "classifier"},
+            "on": "category",
+            "routes": {"billing": {"run": "a"}, "technical": {"run": "b"}},
+            "default": {"run": "c"},
+        }
+    )
+    w = world(spec, {**ECHOES, "classifier": classifier("technical")})
+    await w.run(request("triage", "my printer"))
+    assert w.result("T1").content == "b(my printer)"
+    assert not w.model.asked("a")
+
+
+async def test_a_loop_workflow_repeats_until_its_condition_holds() -> None:
+    judge = {
+        "name": "judge",
+        "output_schema": {
+            "type": "object",
+            "properties": {"done": {"type": "boolean"}, "text": {"type": "string"}},
+        },
+    }
+    spec = {
+        "agents": [judge],
+        "workflows": [
+            {
+                "name": "refine",
+                "kind": "loop",
+                "node": {"run": "judge"},
+                "until": {"field": "done", "equals": True},
+                "max_rounds": 5,
+            }
+        ],
+    }
+    rounds = iter([False, False, True])
+    answers: dict[str, Answer] = {
+        "judge": lambda r: says(json.dumps({"done": next(rounds), "text": last_user(r) + "+"}))
+    }
+    w = world(spec, answers)
+    await w.run(request("refine", "draft"))
+    result = w.result("T1")
+    assert result.steps == 3
+    assert result.output["done"] is True
+    assert len(w.model.asked("judge")) == 3
+
+    capped = {**spec, "workflows": [{**spec["workflows"][0], "max_rounds": 2}]}
+    w = world(capped, {"judge": lambda r: says(json.dumps({"done": False}))})
+    await w.run(request("refine", "draft"))
+    assert w.result("T1").steps == 2
+
+
+async def test_a_failing_node_fails_the_workflow() -> None:
+    spec = flows(
+        {"name": "chain", "kind": "sequential", "nodes": [{"run": "classifier"}, {"run": "a"}]}
+    )
+    w = world(spec, {**ECHOES, "classifier": lambda r: says("not json")})
+    await w.run(request("chain", "x"))
+    result = w.result("T1")
+    assert result.finish_reason == "error"
+    assert result.error is not None and result.error.code == "node_failed"
+    assert "classifier" in result.error.message
+    assert not w.model.asked("a")
+
+
+@pytest.mark.parametrize(
+    ("workflow", "message"),
+    [
+        (
+            {"name": "w", "kind": "sequential", "nodes": [{"run": "nobody"}]},
+            "'nobody', which is neither",
+        ),
+        (
+            {
+                "name": "w",
+                "kind": "conditional",
+                "node": {"run": "classifier"},
+                "on": "mood",
+                "routes": {"x": {"run": "a"}},
+            },
+            "no such property",
+        ),
+        (
+            {
+                "name": "w",
+                "kind": "conditional",
+                "node": {"run": "a"},
+                "on": "category",
+                "routes": {"x": {"run": "b"}},
+            },
+            "not an agent with an output_schema",
+        ),
+        (
+            {
+                "name": "w",
+                "kind": "conditional",
+                "node": {"run": "classifier"},
+                "on": "category",
+                "routes": {"sales": {"run": "b"}},
+            },
+            "route 'sales' is not a value",
+        ),
+        ({"name": "w", "kind": "loop", "node": {"run": "w"}}, "contain each other: w -> w"),
+        ({"name": "w", "kind": "sequential", "nodes": [{"run": "a", "input": "{b}"}]}, "{b}"),
+        (
+            {"name": "w", "kind": "parallel", "nodes": [{"run": "a"}, {"run": "a"}]},
+            "ids must differ",
+        ),
+        (
+            {"name": "a", "kind": "sequential", "nodes": [{"run": "b"}]},
+            "both an agent and a workflow",
+        ),
+    ],
+)
+def test_a_bad_workflow_is_refused_when_the_file_loads(
+    workflow: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("{", r"\{")):
+        AgentProfiles.model_validate(flows(workflow))
+
+
+def test_an_unknown_sub_agent_is_refused_when_the_file_loads() -> None:
+    with pytest.raises(ValueError, match="calls 'ghost', which is not defined"):
+        AgentProfiles.model_validate({"agents": [{"name": "lead", "agents": ["ghost"]}]})
+
+
+def test_cycles_through_other_workflows_are_found() -> None:
+    a = {"name": "w1", "kind": "sequential", "nodes": [{"run": "w2"}]}
+    b = {"name": "w2", "kind": "sequential", "nodes": [{"run": "a"}, {"run": "w1"}]}
+    with pytest.raises(ValueError, match="w1 -> w2 -> w1"):
+        AgentProfiles.model_validate(flows(a, b))

@@ -1,0 +1,240 @@
+"""Control messages and parked turns, the sequencer's half that steers a turn from outside:
+``turn.cancel``, ``turn.decision`` and ``turn.child_result`` are recorded beside the turn
+(once each: a copy is a no-op) and applied under the session's lease by the step they wake; a
+parked turn's step merges what was recorded (decisions, child results) or, at its timeout,
+what the timeout decides. ``SessionSequencer`` (``worker.sequencer``) mixes it in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from contracts.control import ApprovalRequest, TurnCancel, TurnChildResult, TurnDecision
+from contracts.events import ChildFinished
+from contracts.state import AgentState, StopSignal
+from contracts.turns import TurnRequest, TurnResult
+from contracts.work import StepWork
+from worker import failpoints
+from worker.actions import Action, Delay, Drop, Reply, wake
+from worker.agents import AgentProfile, AgentProfiles
+from worker.loop import EventSink, Finished, Loop, new_execution
+from worker.loop.announce import announce
+from worker.loop.approvals import timed_out, with_decisions
+from worker.loop.children import with_child_results
+from worker.loop.ports import LoopObserver, observe
+from worker.loop.turn import turn_of, turn_result, with_execution
+from worker.session.port import SessionStore, StepSession
+
+log = logging.getLogger("loopwire.sequencer")
+
+WAIT_EARLY_S = 1.0
+"""An approval's timeout message back this little before its time counts as due (the
+workers' clocks differ a little; the wait queues' delays are whole seconds)."""
+
+
+class Controls:
+    """Mixed into ``SessionSequencer``: what it has that these use."""
+
+    store: SessionStore
+    profiles: AgentProfiles
+    loop_factory: Callable[[StepSession, AgentProfile], Loop]
+    events: EventSink
+    clock: Callable[[], float]
+    observer: LoopObserver
+    deliver: Callable[[TurnResult], Awaitable[TurnResult]]
+
+    def profile(self, agent: str) -> AgentProfile:
+        raise NotImplementedError
+
+    async def _finished(
+        self, finished: Finished, request: TurnRequest, session: StepSession
+    ) -> list[Action]:
+        raise NotImplementedError
+
+    async def _emit_finished(self, result: TurnResult) -> None:
+        raise NotImplementedError
+
+    async def on_decision(self, decision: TurnDecision) -> list[Action]:
+        """Record a decision on a call a turn waits on; a parked turn's step is published, and
+        applies every decision recorded so far under the lease."""
+        turn_id = decision.turn_id
+        session_id = decision.session_id or await self.store.session_of(turn_id)
+        if session_id is None:
+            return [Drop(f"decision for unknown turn {turn_id}", "unknown_turn")]
+        field = f"decision:{decision.call_id}"
+        recorded = await self.store.record_control(session_id, turn_id, field, decision)
+        if recorded.status == "unknown":
+            return [Drop(f"decision for unknown turn {turn_id}", "unknown_turn")]
+        if recorded.status == "finished":
+            return [Drop(f"decision for finished turn {turn_id}", "finished_turn")]
+        failpoints.hit("decision_recorded")
+        if recorded.status == "again" and recorded.parked is None:
+            return [Drop(f"second decision on call {decision.call_id}", "duplicate")]
+        return wake(session_id, turn_id, recorded.parked)
+
+    async def on_cancel(self, cancel: TurnCancel) -> list[Action]:
+        """Record a cancel and end the turn wherever it is: one queued behind others at once;
+        the running one by its next step (or the step running now, told by its lease renewal),
+        which sees the cancel under the lease."""
+        turn_id = cancel.turn_id
+        session_id = cancel.session_id or await self.store.session_of(turn_id)
+        if session_id is None:
+            return [Drop(f"cancel for unknown turn {turn_id}", "unknown_turn")]
+        recorded = await self.store.record_control(session_id, turn_id, "cancel", cancel)
+        if recorded.status == "unknown":
+            return [Drop(f"cancel for unknown turn {turn_id}", "unknown_turn")]
+        if recorded.status == "finished":
+            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
+        failpoints.hit("cancel_recorded")
+        request = await self.store.request(session_id, turn_id)
+        if request is None:  # ended meanwhile
+            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
+        profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
+        state = _cancelled(new_execution(None, request, profile, self.clock()), cancel)
+        result = turn_result(state, "cancelled", None, None, self.clock())
+        ended, replies = await self.store.end_queued(session_id, turn_id, result)
+        if ended == "finished":
+            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
+        if ended == "ended":
+            observe(self.observer.turn_finished, result)
+        if ended == "head":
+            # the session's running turn: its next step message (or the renewal of the step
+            # running now) finds the cancel under the lease; a parked one has none, so the
+            # step it is parked at is published
+            return wake(session_id, turn_id, recorded.parked)
+        await self._emit_finished(result)
+        actions: list[Action] = []
+        if replies:
+            delivered = await self.deliver(result)
+            actions += [Reply(reply_to, delivered) for reply_to in replies]
+        return actions
+
+    async def on_child_result(self, message: TurnChildResult) -> list[Action]:
+        """Record a child turn's result for its parent; the parent's parked step is published,
+        and merges every result recorded so far under the lease."""
+        parent = message.parent
+        field = f"child:{parent.call_id}"
+        recorded = await self.store.record_control(
+            parent.session_id, parent.turn_id, field, message
+        )
+        if recorded.status == "unknown":
+            return [Drop(f"child result for unknown turn {parent.turn_id}", "unknown_turn")]
+        if recorded.status == "finished":
+            return [Drop(f"child result for finished turn {parent.turn_id}", "finished_turn")]
+        failpoints.hit("child_result_recorded")
+        if recorded.status == "again" and recorded.parked is None:
+            return [Drop(f"second result for call {parent.call_id}", "duplicate")]
+        return wake(parent.session_id, parent.turn_id, recorded.parked)
+
+    async def _wake_parked(
+        self, state: AgentState, session: StepSession, work: StepWork
+    ) -> AgentState | list[Action]:
+        """A step message for a parked turn: the decisions recorded so far go into its state,
+        and its own timeout message, when due, rejects what is still undecided."""
+        ex = turn_of(state)
+        wait = ex.wait
+        assert wait is not None
+        if wait.kind == "children":
+            return await self._merge_children(state, session, work)
+        if wait.kind == "throttled" and work.wait_until is None:
+            # not its timeout: it waits for its slot (sent again, in case the worker that
+            # parked it died before it could send it)
+            return [Delay(work.model_copy(update={"wait_until": wait.until}))]
+        woken = with_decisions(state, session.decisions)
+        if work.wait_until is not None:
+            if work.wait_until != wait.until:
+                return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
+            now = self.clock()
+            # a throttled turn waits its whole wait (a Retry-After is a floor)
+            early = WAIT_EARLY_S if wait.kind == "approval" else 0.0
+            if now < work.wait_until - early:  # one hop of several: on to the next
+                return [Delay(work)]
+            return timed_out(woken, now) if wait.kind == "approval" else woken
+        return woken
+
+    async def _merge_children(
+        self, state: AgentState, session: StepSession, work: StepWork
+    ) -> AgentState | list[Action]:
+        """A step message for a turn waiting on its children: the results recorded so far go
+        into its state (``child.finished`` for each new one); its own timeout message (the
+        turn's deadline) comes back until it is due."""
+        ex = turn_of(state)
+        wait = ex.wait
+        assert wait is not None
+        if work.wait_until is not None:
+            if work.wait_until != wait.until:
+                return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
+            if self.clock() < work.wait_until:
+                return [Delay(work)]
+        agent = self.profile(ex.request.agent)
+        limit = None if agent.workflow is not None else ex.limits.max_tool_result_chars
+        merged, fresh = with_child_results(state, session.children, limit)
+        index = ex.pending.index if ex.pending is not None else len(ex.steps)
+        for child, result in fresh:
+            await announce(
+                self.events,
+                result.completed_at,
+                "child.finished",
+                ChildFinished(
+                    call_id=child.call_id,
+                    turn_id=child.turn_id,
+                    agent=child.agent,
+                    finish_reason=result.finish_reason,
+                    usage=result.usage,
+                    cost_usd=result.cost_usd,
+                    duration_s=result.duration_s,
+                ),
+                merged,
+                step=index,
+                call_id=child.call_id,
+            )
+        return merged
+
+    async def _list_waiting(self, state: AgentState) -> None:
+        """Keep the fleet-wide list of calls waiting for a decision (``loopwire approvals``)."""
+        ex = turn_of(state)
+        wait, pending = ex.wait, ex.pending
+        assert wait is not None and pending is not None and pending.response is not None
+        calls = {c.id: c for c in pending.response.message.tool_calls}
+        open_ = [c for c in wait.call_ids if c not in pending.decisions]
+        await self.store.note_approvals(
+            [
+                ApprovalRequest(
+                    turn_id=ex.turn_id,
+                    session_id=state.session_id,
+                    agent=ex.request.agent,
+                    call_id=call_id,
+                    tool=calls[call_id].name,
+                    arguments=calls[call_id].arguments,
+                    since=wait.since,
+                    until=wait.until,
+                )
+                for call_id in open_
+            ]
+        )
+        await self.store.clear_approvals(ex.turn_id, list(pending.decisions))
+
+    async def _end_cancelled(
+        self, session: StepSession, state: AgentState | None, work: StepWork, cancel: TurnCancel
+    ) -> list[Action]:
+        """End the session's running turn for its cancel, with the content it had."""
+        ex = state.execution if state else None
+        request = ex.request if ex else await self.store.request(work.session_id, work.turn_id)
+        if request is None:
+            return [Drop(f"turn {work.turn_id} has no stored request", "missing_request")]
+        profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
+        if state is None or ex is None:
+            state = new_execution(state, request, profile, self.clock())
+        loop = self.loop_factory(session, profile)
+        content = ex.last_content if ex else None
+        finished = await loop.end(_cancelled(state, cancel), profile, "cancelled", content)
+        if ex is not None and ex.wait is not None:
+            await self.store.clear_approvals(ex.turn_id, ex.wait.call_ids)
+        return await self._finished(finished, request, session)
+
+
+def _cancelled(state: AgentState, cancel: TurnCancel) -> AgentState:
+    """The turn marked as stopped by its cancel: ``stopped_by`` is the cancel's reason."""
+    by = f"cancelled by {cancel.by}" if cancel.by else "cancelled"
+    return with_execution(state, stop_signal=StopSignal(source=cancel.reason, reason=by))

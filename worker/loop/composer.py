@@ -1,0 +1,195 @@
+"""Composition in the loop: the children gate of a step (its calls to sub-agents start child
+turns and park it) and the step of a workflow turn, which runs no model (its rounds are
+planned by ``worker.loop.workflow`` and each runs as child turns through the same gate).
+``Loop`` (``worker.loop.engine``) mixes it in; the child turns themselves are pure functions
+of the state (``worker.loop.children``).
+
+The gate, for the calls of a step that name a sub-agent (a workflow's every call):
+
+1. first time: each call gets its child turn (or an error result: bad arguments, the depth
+   limit, a spent budget); the turn is saved parked (``children`` wait, until its deadline),
+   ``child.started`` is announced for each, and the step asks for the requests to be
+   published (``Waiting.start``);
+2. parked: the results recorded so far are merged in by the worker that woke it
+   (``with_child_results``); once every child answered the step goes on (its tool phase finds
+   them recorded), else the new results are saved and it parks again. A wake that brought
+   nothing new publishes the requests of the children still out again (the worker that parked
+   it may have died before it could; a copy is a duplicate and runs nothing).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from contracts.events import ChildStarted
+from contracts.messages import ChatMessage, ToolCall
+from contracts.state import (
+    AgentState,
+    AgentStep,
+    ModelResponse,
+    PendingStep,
+    StepExecution,
+    StopSignal,
+    ToolExecution,
+    Wait,
+)
+from contracts.turns import TurnError
+from worker.loop.budgets import configured, first_spent
+from worker.loop.children import is_child_call, plan_children
+from worker.loop.gates import Gates
+from worker.loop.outcomes import RunAgain, StepOutcome, Waiting
+from worker.loop.ports import observe
+from worker.loop.spec import AgentSpec
+from worker.loop.turn import turn_of, with_execution
+from worker.loop.workflow import Done, NodeFailed, input_text, plan, rounds_of
+
+Gated = tuple[AgentState, tuple[ToolExecution, ...]] | Waiting
+"""After the gate: the step goes on (with the results its save is to store and announce), or
+it is parked."""
+
+
+class Composer(Gates):
+    """Mixed into ``Loop``: the children gate and the workflow step."""
+
+    __slots__ = ()
+
+    async def _start(self, state: AgentState, agent: AgentSpec) -> AgentState:
+        """The turn's first save (``Loop._start``)."""
+        raise NotImplementedError
+
+    async def _children(
+        self, state: AgentState, agent: AgentSpec, unsaved: Sequence[ToolExecution]
+    ) -> Gated:
+        ex = turn_of(state)
+        pending = ex.pending
+        assert pending is not None and pending.response is not None
+        calls = pending.response.message.tool_calls
+        wait = ex.wait
+        if wait is not None and wait.kind == "children":
+            return await self._children_answered(state, agent, wait, calls)
+        todo = [
+            c for c in calls if is_child_call(agent, c.name) and pending.result_for(c.id) is None
+        ]
+        if not todo:
+            return state, tuple(unsaved)
+        now = self.clock()
+        planned = plan_children(state, agent, todo, now)
+        if planned.refused:
+            merged = pending.model_copy(update={"results": (*pending.results, *planned.refused)})
+            state = with_execution(state, pending=merged)
+        if not planned.children:
+            return state, (*unsaved, *planned.refused)
+        waiting = Wait(
+            kind="children",
+            call_ids=tuple(c.call_id for c in planned.children),
+            children=planned.children,
+            since=now,
+            until=ex.request.deadline,
+        )
+        state = await self._save(
+            with_execution(state, status="waiting", wait=waiting), release=True
+        )
+        for execution in (*unsaved, *planned.refused):
+            await self.tools.emit_invoked(state, pending.index, execution)
+        for child in planned.children:
+            await self._emit(
+                "child.started",
+                ChildStarted(
+                    call_id=child.call_id,
+                    turn_id=child.turn_id,
+                    session_id=child.session_id,
+                    agent=child.agent,
+                ),
+                state,
+                step=pending.index,
+                call_id=child.call_id,
+                at=now,
+            )
+        observe(self.observer.children_started, ex.request.agent, len(planned.children))
+        return Waiting(state, waiting.until, start=planned.requests)
+
+    async def _children_answered(
+        self, state: AgentState, agent: AgentSpec, wait: Wait, calls: Sequence[ToolCall]
+    ) -> Gated:
+        ex = turn_of(state)
+        pending = ex.pending
+        assert pending is not None
+        answered = sum(1 for c in wait.children if pending.result_for(c.call_id) is not None)
+        if answered == len(wait.children):
+            return with_execution(state, status="in_progress", wait=None), ()
+        if answered > wait.answered:
+            more = wait.model_copy(update={"answered": answered})
+            state = await self._save(with_execution(state, wait=more), release=True)
+            return Waiting(state, wait.until)
+        out = {c.call_id for c in wait.children if pending.result_for(c.call_id) is None}
+        again = plan_children(state, agent, [c for c in calls if c.id in out], self.clock())
+        return Waiting(state, wait.until, start=again.requests)
+
+    async def _flow_step(self, state: AgentState, agent: AgentSpec) -> StepOutcome:
+        """One round of a workflow turn: plan it from the answers so far (or end the turn),
+        start its nodes as child turns and park; once they answered, record the round."""
+        flow = agent.workflow
+        assert flow is not None
+        ex = turn_of(state)
+        if ex.status == "pending":
+            state = await self._start(state, agent)
+            ex = turn_of(state)
+            if ex.stop_signal is not None:
+                return await self.end(state, agent, "stop", ex.last_content)
+        deadline = ex.request.deadline
+        if deadline is not None and self.clock() > deadline:
+            late = with_execution(state, stop_signal=StopSignal(source="deadline"))
+            return await self.end(late, agent, "cancelled", ex.last_content)
+        if ex.pending is None:
+            planned = plan(flow, input_text(ex), rounds_of(ex))
+            if isinstance(planned, Done):
+                answer = ChatMessage(role="assistant", content=planned.content)
+                return await self.end(
+                    state, agent, "stop", planned.content, append=[answer], output=planned.output
+                )
+            if isinstance(planned, NodeFailed):
+                failed = TurnError(
+                    code="node_failed", message=f"node {planned.node}: {planned.error}"[:4000]
+                )
+                return await self.end(state, agent, "error", ex.last_content, error=failed)
+            if configured(agent, ex):
+                spent = first_spent(state, agent, self.clock(), None)
+                if spent is not None:
+                    observe(self.observer.budget_exhausted, ex.request.agent, spent.name)
+                    stopped = with_execution(state, stop_signal=StopSignal(source=spent.name))
+                    return await self.end(stopped, agent, "budget", ex.last_content)
+            now = self.clock()
+            calls = tuple(
+                ToolCall(id=c.call_id, name=c.run, arguments=json.dumps({"input": c.input}))
+                for c in planned.calls
+            )
+            message = ChatMessage(role="assistant", tool_calls=calls)
+            first = PendingStep(
+                index=len(ex.steps),
+                started_at=now,
+                response=ModelResponse(message=message, finish_reason="tool_calls"),
+                dispatched_at=now,
+            )
+            state = with_execution(state, status="in_progress", pending=first)
+        gated = await self._children(state, agent, ())
+        if isinstance(gated, Waiting):
+            return gated
+        state = gated[0]
+        ex = turn_of(state)
+        pending = ex.pending
+        assert pending is not None and pending.response is not None
+        results = tuple(
+            r
+            for c in pending.response.message.tool_calls
+            if (r := pending.result_for(c.id)) is not None
+        )
+        step = AgentStep(
+            index=pending.index, input_count=0, response=pending.response, tool_executions=results
+        )
+        record = StepExecution(step=step, started_at=pending.started_at, completed_at=self.clock())
+        last = results[-1].content if results else ex.last_content
+        state = with_execution(state, steps=(*ex.steps, record), pending=None, last_content=last)
+        state = await self._save(state, release=True)
+        await self._emit_step(state, record)  # the nodes' answers: child.finished
+        return RunAgain(state)
