@@ -116,6 +116,16 @@ class WorkerProcess:
             line for line in text.splitlines() if " ERROR " in line or line.startswith("Traceback")
         ]
 
+    async def exited(self, timeout: float = 20.0) -> int:
+        """Its exit code once it has exited (137: it reached a failpoint)."""
+        assert self.proc is not None
+        for _ in range(int(timeout * 20)):
+            code = self.proc.poll()
+            if code is not None:
+                return code
+            await asyncio.sleep(0.05)
+        raise AssertionError("the worker did not exit (did it reach its failpoint?)")
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
@@ -137,6 +147,28 @@ class WorkerProcess:
 
     async def __aexit__(self, *_exc: object) -> None:
         self.close()
+
+
+async def run_past_a_crash(
+    client: Any, model_url: str, agents: Path, point: str, agent: str, text: str
+) -> tuple[Any, WorkerProcess]:
+    """A turn started on a worker that dies at failpoint ``point`` and finished by a second
+    worker, started only then: the result, and the survivor (to check its log)."""
+    doomed = WorkerProcess(
+        model_url=model_url, agents_file=agents, extra_env={"LOOPWIRE_FAILPOINTS": point}
+    )
+    survivor = WorkerProcess(model_url=model_url, agents_file=agents)
+    await doomed.start()
+    try:
+        handle = await client.start_turn(agent, text)
+        assert await doomed.exited() == 137, "the worker did not reach its failpoint"
+        await survivor.start()
+        result = await handle.result(40)
+        await handle.close()
+    finally:
+        doomed.close()
+        survivor.close()
+    return result, survivor
 
 
 def write_agents(path: Path, tools: list[str], **limits: Any) -> Path:

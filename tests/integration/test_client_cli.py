@@ -224,23 +224,54 @@ async def test_cli_dlq_list_and_replay(
         await handle.close()
 
 
-async def test_demo_runs_end_to_end(topology: None) -> None:
+async def run_demo(*command: str) -> subprocess.CompletedProcess[str]:
+    """The demo as a user runs it, against the test broker and Redis, with no model set."""
     env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL, "LOOPWIRE_REDIS_URL": REDIS_URL}
     env.pop("LOOPWIRE_MODEL__BASE_URL", None)
-    out = await asyncio.to_thread(
+    return await asyncio.to_thread(
         subprocess.run,
-        ["bash", "scripts/demo"],
+        list(command),
         capture_output=True,
         text=True,
         env=env,
         cwd=ROOT,
         timeout=120,
     )
+
+
+async def test_demo_runs_end_to_end(topology: None) -> None:
+    out = await run_demo("bash", "scripts/demo")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "local scripted demo model" in out.stdout
     assert "tool.invoked" in out.stdout
     answer = next(line for line in out.stdout.splitlines() if line.startswith("answer: "))
     assert "17 * 23 = 391" in answer
+
+
+@pytest.mark.parametrize(
+    ("question", "route", "answer"),
+    [
+        ("How does loopwire keep a tool from running twice?", "support", "Our researcher reports:"),
+        (
+            "I was charged 2 * 19.99 instead of 19.99, refund please",
+            "billing",
+            "You are owed 39.98",
+        ),
+    ],
+)
+async def test_demo_runs_the_triage_workflow(
+    topology: None, question: str, route: str, answer: str
+) -> None:
+    out = await run_demo(sys.executable, "-m", "worker.cli", "demo", "--workflow", question)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    # the classifier and the routed agent ran as children of the workflow turn
+    assert any(line.split()[:2] == ["turn.completed", "classifier"] for line in lines)
+    assert any(line.split()[:2] == ["turn.completed", route] for line in lines)
+    researched = any(line.split()[:2] == ["turn.completed", "researcher"] for line in lines)
+    assert researched == (route == "support"), "support asks the researcher; billing does not"
+    final = next(line for line in lines if line.startswith("answer: "))
+    assert final.startswith(f"answer: {answer}"), final
 
 
 async def test_a_copy_published_while_the_turn_runs_gets_the_result_too(

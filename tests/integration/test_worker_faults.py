@@ -32,16 +32,6 @@ from worker.testing.scripted_model import Reply, ScriptedModel
 pytestmark = pytest.mark.integration
 
 
-async def wait_exit(worker: WorkerProcess, timeout: float = 20.0) -> int:
-    assert worker.proc is not None
-    for _ in range(int(timeout * 20)):
-        code = worker.proc.poll()
-        if code is not None:
-            return code
-        await asyncio.sleep(0.05)
-    raise AssertionError("the worker did not reach its failpoint")
-
-
 @pytest.mark.parametrize(
     "point", ["model_saved", "tool_dispatched", "tool_result_saved", "step_saved", "before_ack"]
 )
@@ -65,7 +55,7 @@ async def test_killed_worker_step_is_redone_by_another(
     try:
         session = new_id()
         handle = await client.start_turn("support", "refund time?", session_id=session)
-        assert await wait_exit(doomed) == 137
+        assert await doomed.exited() == 137
         await survivor.start()
         result = await handle.result(30)
         await handle.close()
@@ -215,7 +205,7 @@ async def test_crash_with_the_real_notes_service_files_one_note(
         session = new_id()
         try:
             handle = await client.start_turn("support", "note it", session_id=session)
-            assert await wait_exit(doomed) == 137
+            assert await doomed.exited() == 137
             await survivor.start()
             result = await handle.result(30)
             await handle.close()

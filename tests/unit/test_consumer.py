@@ -616,6 +616,8 @@ async def test_closed_delivery_channel_is_neither_acked_nor_nacked(make_rig: Mak
         (t.KIND_CANCEL, {"turn_id": "t1", "reason": ""}),
         (t.KIND_DECISION, {"turn_id": "t1", "call_id": "c1", "decision": "edit"}),
         (t.KIND_CANCEL, {"turn_id": "t1", "surprise": 1}),
+        (t.KIND_CHILD_RESULT, {"parent": {"turn_id": "t1"}, "result": {}}),
+        (t.KIND_CHILD_RESULT, {"turn_id": "t1", "result": None}),
     ],
 )
 async def test_a_malformed_control_message_is_dead_lettered_and_rejects_no_turn(

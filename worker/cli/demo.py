@@ -27,8 +27,9 @@ from typing import IO
 import aiohttp
 from redis.asyncio import Redis
 
-from contracts.client import LoopwireClient
+from contracts.client import FINAL_EVENTS, LoopwireClient, new_id
 from contracts.registry import live_tools
+from contracts.turns import TurnResult
 from worker.cli.demo_model import demo_model
 from worker.cli.output import event_line
 from worker.settings import Settings
@@ -43,6 +44,11 @@ DEMO_AGENT = {
     "tools": ["search", "calculate", "file_note"],
 }
 SERVICES = ("search", "calculator", "notes")
+WORKFLOW_QUESTION = "How does loopwire keep a tool from running twice?"
+TRIAGE_EXAMPLE = json.loads(Path(__file__).with_name("triage.json").read_text(encoding="utf-8"))
+"""The ``triage`` workflow and its agents, as ``deploy/agents.json`` declares them: a classifier
+with structured output routes a request to ``billing`` or to ``support``, which asks the
+``researcher`` agent as a tool."""
 
 
 def _free_port() -> int:
@@ -119,7 +125,40 @@ async def _wait_ready(
         await redis.aclose()
 
 
-async def run_demo(question: str = DEFAULT_QUESTION, *, timeout: float = 120.0) -> int:
+async def _run_tree(client: LoopwireClient, question: str, timeout: float) -> TurnResult:
+    """A turn of the triage workflow, printing every event of its tree as it comes."""
+    turn_id = new_id()
+    bound = asyncio.Event()
+
+    async def follow() -> None:
+        events = client.tree(turn_id)
+        first = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0.3)  # the subscription's queue is bound by now
+        bound.set()
+        event = await first
+        while True:
+            say("  " + event_line(event))
+            if event.turn_id == turn_id and event.type in FINAL_EVENTS:
+                return
+            event = await anext(events)
+
+    follower = asyncio.create_task(follow())
+    await asyncio.wait_for(bound.wait(), 10)
+    handle = await client.start_turn("triage", question, turn_id=turn_id)
+    try:
+        result = await handle.result(timeout)
+        await asyncio.wait_for(follower, 10)
+        return result
+    finally:
+        follower.cancel()
+        await handle.close()
+
+
+async def run_demo(
+    question: str = DEFAULT_QUESTION, *, timeout: float = 120.0, workflow: bool = False
+) -> int:
+    """One turn of the ``demo`` agent; ``workflow``: one turn of the ``triage`` workflow (every
+    event of its tree is printed: the classifier's, the routed agent's, the researcher's)."""
     settings = Settings()
     configured = "LOOPWIRE_MODEL__BASE_URL" in os.environ
     scripted = None if configured else demo_model()
@@ -145,7 +184,7 @@ async def run_demo(question: str = DEFAULT_QUESTION, *, timeout: float = 120.0) 
         else:
             say(f"  model: {settings.model.model} at {settings.model.base_url}")
         agents = logs / "agents.json"
-        agents.write_text(json.dumps({"agents": [DEMO_AGENT]}))
+        agents.write_text(json.dumps(TRIAGE_EXAMPLE if workflow else {"agents": [DEMO_AGENT]}))
         worker_port = _free_port()
         env.update({"LOOPWIRE_AGENTS_FILE": str(agents), "LOOPWIRE_HTTP_PORT": str(worker_port)})
         for service in SERVICES:
@@ -155,11 +194,14 @@ async def run_demo(question: str = DEFAULT_QUESTION, *, timeout: float = 120.0) 
         await _wait_ready(children, settings, worker_port)
         say(f"\n> {question}\n")
         async with LoopwireClient(settings.amqp_url) as client:
-            handle = await client.start_turn("demo", question)
-            async for event in handle.events():
-                say("  " + event_line(event))
-            result = await handle.result(timeout)
-            await handle.close()
+            if workflow:
+                result = await _run_tree(client, question, timeout)
+            else:
+                handle = await client.start_turn("demo", question)
+                async for event in handle.events():
+                    say("  " + event_line(event))
+                result = await handle.result(timeout)
+                await handle.close()
         say("")
         if result.finish_reason != "stop":
             reason = result.error.message if result.error else result.finish_reason

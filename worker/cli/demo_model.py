@@ -5,6 +5,12 @@ machinery end to end: in its first step it searches the shipped documents for
 the question (and computes any arithmetic in it, in parallel); in its second it
 files a note of what it found; then it answers from the tool results it was
 given. Everything around it — queues, Redis, tool services, events — is real.
+
+For the ``triage`` workflow (``loopwire demo --workflow``) it plays each agent by what the
+request offers: asked for structured output it classifies (billing words → ``billing``,
+else ``technical``); offered the ``researcher`` agent as a tool it delegates the question to
+it and answers from its report; offered ``search`` alone it researches; offered
+``calculate`` alone it works out the amounts in the question.
 """
 
 from __future__ import annotations
@@ -74,16 +80,41 @@ def _tool_results(messages: list[dict[str, Any]]) -> list[Any]:
     return results
 
 
+BILLING_WORDS = re.compile(
+    r"\b(charged?|refunds?|invoices?|bill(?:ed|ing)?|paid|pay|price)\b", re.I
+)
+
+
 def demo_responder(request: dict[str, Any]) -> Reply:
     messages: list[dict[str, Any]] = request["messages"]
     question = _question(messages)
     results = _tool_results(messages)
+    offered = {t["function"]["name"] for t in request.get("tools") or []}
+    if request.get("response_format"):
+        category = "billing" if BILLING_WORDS.search(question) else "technical"
+        return Reply.text(json.dumps({"category": category, "reason": "by its words"}))
+    if "researcher" in offered:
+        if not results:
+            return Reply.tool_calls(("researcher", {"input": question}), content="Asking research.")
+        return Reply.text(f"Our researcher reports: {results[0]}")
+    if offered == {"search"}:
+        if not results:
+            return Reply.tool_calls(("search", {"query": _keywords(question), "limit": 3}))
+        return Reply.text(_answer(results, noted=False))
+    if offered == {"calculate"}:
+        arithmetic = ARITHMETIC.search(question)
+        if not results and arithmetic:
+            return Reply.tool_calls(("calculate", {"expression": arithmetic.group(1)}))
+        owed = next((r for r in results if isinstance(r, dict) and "value" in r), None)
+        return Reply.text(
+            f"You are owed {owed.get('decimal', owed['value'])}; the refund is on its way."
+            if owed
+            else "I found no amount to refund in your message."
+        )
     if not results:
         calls: list[tuple[str, dict[str, object]]] = []
         arithmetic = ARITHMETIC.search(question)
-        words = [w for w in re.findall(r"[A-Za-z][\w-]+", ARITHMETIC.sub(" ", question))]
-        keywords = " ".join(w for w in words if w.lower() not in STOPWORDS) or question
-        calls.append(("search", {"query": keywords, "limit": 3}))
+        calls.append(("search", {"query": _keywords(question), "limit": 3}))
         if arithmetic:
             calls.append(("calculate", {"expression": arithmetic.group(1)}))
         return Reply.tool_calls(*calls, content="Let me look that up.")
@@ -95,6 +126,11 @@ def demo_responder(request: dict[str, Any]) -> Reply:
     return Reply.text(_answer(results))
 
 
+def _keywords(question: str) -> str:
+    words = [w for w in re.findall(r"[A-Za-z][\w-]+", ARITHMETIC.sub(" ", question))]
+    return " ".join(w for w in words if w.lower() not in STOPWORDS) or question
+
+
 def _best_hit(results: list[Any]) -> str:
     for result in results:
         if isinstance(result, dict) and result.get("results"):
@@ -103,7 +139,7 @@ def _best_hit(results: list[Any]) -> str:
     return "nothing in the documents"
 
 
-def _answer(results: list[Any]) -> str:
+def _answer(results: list[Any], *, noted: bool = True) -> str:
     parts = []
     hits: list[Any] = next(
         (r["results"] for r in results if isinstance(r, dict) and r.get("results")), []
@@ -117,7 +153,8 @@ def _answer(results: list[Any]) -> str:
     for result in results:
         if isinstance(result, dict) and "value" in result and "expression" in result:
             parts.append(f"And {result['expression']} = {result['value']}.")
-    parts.append("(I filed a note of this answer.)")
+    if noted:
+        parts.append("(I filed a note of this answer.)")
     return " ".join(parts)
 
 

@@ -95,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run one real turn through a worker and the example tools")
     demo.add_argument("question", nargs="?", default=None, help="what to ask")
+    demo.add_argument(
+        "--workflow",
+        action="store_true",
+        help="run the triage workflow: a classifier routes to agents, one of which asks another",
+    )
 
     schema = sub.add_parser("schema", help="write the JSON Schema of the public contracts")
     schema.add_argument("--out", default="-", help="directory to write into, or - for stdout")
@@ -192,9 +197,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "dlq":
         return _dlq(args)
     if args.command == "demo":
-        from worker.cli.demo import DEFAULT_QUESTION, run_demo
+        from worker.cli.demo import DEFAULT_QUESTION, WORKFLOW_QUESTION, run_demo
 
-        return asyncio.run(run_demo(args.question or DEFAULT_QUESTION))
+        default = WORKFLOW_QUESTION if args.workflow else DEFAULT_QUESTION
+        return asyncio.run(run_demo(args.question or default, workflow=args.workflow))
     if args.command == "schema":
         from contracts.schema import write_schemas
 

@@ -102,7 +102,10 @@ class Workflow(Contract):
         for name in ("nodes", "join", "node", "on", "routes", "default", "until"):
             if name not in allowed and getattr(self, name):
                 raise ValueError(f"{name!r} does not belong to a {self.kind} workflow")
-        keys = [n.key for n in self.all_nodes()]
+        keys = [n.key for n in self.nodes]
+        if self.kind == "conditional":  # its branches are alternatives: one of them runs
+            assert self.node is not None
+            keys = [self.node.key, *{n.key for n in self.all_nodes() if n is not self.node}]
         twice = sorted({k for k in keys if keys.count(k) > 1})
         if twice:
             raise ValueError(f"node ids must differ: {', '.join(twice)} (give them 'id's)")

@@ -68,7 +68,8 @@ return 0
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
 # ``transient`` names and a result deletes). ``parked``: the step a turn parks at (recorded in
 # its controls, so that whoever records a control message kicks that step), '-' when it
-# resumes, '' otherwise. Returns {version, next head, replies, controls waiting}: the last is 1
+# resumes (the controls that woke it, now in its state, are dropped with it; a cancel stays),
+# '' otherwise. Returns {version, next head, replies, controls waiting}: the last is 1
 # when a turn parks while control messages for it were recorded already (it resumes at once).
 SAVE: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
@@ -82,7 +83,10 @@ if n > 0 then
 end
 local waiting = 0
 if ARGV[8] == '-' then
-  redis.call('HDEL', KEYS[10], 'parked')
+  -- it goes on: what woke it is in its state now; only a cancel is kept
+  local cancel = redis.call('HGET', KEYS[10], 'cancel')
+  redis.call('DEL', KEYS[10])
+  if cancel then redis.call('HSET', KEYS[10], 'cancel', cancel) redis.call('EXPIRE', KEYS[10], ARGV[5]) end
 elseif ARGV[8] ~= '' then
   redis.call('HSET', KEYS[10], 'parked', ARGV[8])
   redis.call('EXPIRE', KEYS[10], ARGV[5])

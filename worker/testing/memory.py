@@ -313,8 +313,9 @@ class MemorySession:
                 self.controls_waiting = len(controls) > 1
         elif self.parked is not None:
             self.parked = None
-            if controls is not None:
-                controls.pop("parked", None)
+            if controls is not None:  # what woke it is in its state now; a cancel stays
+                for name in [n for n in controls if n != "cancel"]:
+                    del controls[name]
 
 
 class StaticCatalog:
