@@ -17,7 +17,7 @@ from contracts.turns import TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
 from worker.actions import Action, Delay, Drop, Reply, wake
-from worker.agents import AgentProfile, AgentProfiles
+from worker.agents import AgentProfile, ProfileLookup
 from worker.loop import EventSink, Finished, Loop, new_execution
 from worker.loop.announce import announce
 from worker.loop.approvals import timed_out, with_decisions
@@ -37,7 +37,7 @@ class Controls:
     """Mixed into ``SessionSequencer``: what it has that these use."""
 
     store: SessionStore
-    profiles: AgentProfiles
+    profiles: ProfileLookup
     loop_factory: Callable[[StepSession, AgentProfile], Loop]
     events: EventSink
     clock: Callable[[], float]
@@ -167,9 +167,9 @@ class Controls:
                 return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
             if self.clock() < work.wait_until:
                 return [Delay(work)]
-        agent = self.profile(ex.request.agent)
-        limit = None if agent.workflow is not None else ex.limits.max_tool_result_chars
-        merged, fresh = with_child_results(state, session.children, limit)
+        # as they came: the loop passes them through the agent's after_tool hooks (and cuts them
+        # to max_tool_result_chars) before the model sees them
+        merged, fresh = with_child_results(state, session.children)
         index = ex.pending.index if ex.pending is not None else len(ex.steps)
         for child, result in fresh:
             await announce(

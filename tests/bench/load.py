@@ -37,6 +37,8 @@ class Window:
     rss_idle: int = 0
     rss_peak: int = 0
     health: dict[str, int] = field(default_factory=dict)
+    finals: int = 0
+    """Of ``steps``, the model calls answered with text (a sub-agent's)."""
 
     @property
     def cpu_ms_per_step(self) -> float:
@@ -162,6 +164,7 @@ class Driver:
             workers=len(target.workers),
             seconds=elapsed,
             steps=after["served"] - before["served"],
+            finals=after.get("finals", 0) - before.get("finals", 0),
             worker_cpu_s=sum(cpu1[w.name] - cpu0[w.name] for w in target.workers),
             other_cpu_s={p.name: cpu1[p.name] - cpu0[p.name] for p in others},
             gaps=after["gaps"],

@@ -7,7 +7,11 @@ system picks); it prints ``ready <port> <control port>`` once both listen.
 Control (HTTP on the control port):
 
 - ``POST /config`` ``{"delay": 2.0}``: the model's answer delay for requests from now on;
-- ``GET /stats`` (``?reset=1`` clears the gaps): requests served, requests waiting for their
+A request that offers the sub-agent ``SUB_AGENT`` is answered with a call to it, one that
+offers no tool (the sub-agent's own) with a text answer.
+
+- ``GET /stats`` (``?reset=1`` clears the gaps): requests served (and of those, answered with
+  text: ``finals``), requests waiting for their
   answer now, and the *gap* of every step: the time
   from the model's answer for one step of a turn to the arrival of the same turn's next
   request, i.e. everything a worker does outside the model call (tool RPC, saves, events,
@@ -26,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.bench.workload import TOOL, TOOL_ARGUMENTS, turn_of
+from tests.bench.workload import SUB_AGENT, TOOL, TOOL_ARGUMENTS, turn_of
 from worker.testing.scripted_model import Reply, ScriptedModel
 
 
@@ -41,6 +45,11 @@ class BenchModel:
         self.gaps: list[float] = []
         self.answered: dict[str, float] = {}
         self.reply = Reply.tool_calls((TOOL, TOOL_ARGUMENTS))
+        self.delegate = Reply.tool_calls((SUB_AGENT, {"input": TOOL_ARGUMENTS["expression"]}))
+        self.answer = Reply.text("42")
+        self.finals = 0
+        """Requests answered with text: a sub-agent's (offered no tool), not a step of a turn
+        the bench drives."""
 
     async def respond(self, body: dict[str, Any]) -> Reply:
         arrived = time.monotonic()
@@ -60,6 +69,12 @@ class BenchModel:
         self.served += 1
         if turn is not None:
             self.answered[turn] = time.monotonic()
+        offered = body.get("tools") or ()
+        if not offered:
+            self.finals += 1
+            return self.answer
+        if any(t.get("function", {}).get("name") == SUB_AGENT for t in offered):
+            return self.delegate
         return self.reply
 
     async def config(self, request: web.Request) -> web.Response:
@@ -71,7 +86,12 @@ class BenchModel:
     async def stats(self, request: web.Request) -> web.Response:
         gaps = sorted(self.gaps)
         waiting = self.waiting[self.epoch]
-        payload = {"served": self.served, "waiting": waiting, "gaps": _summary(gaps)}
+        payload = {
+            "served": self.served,
+            "finals": self.finals,
+            "waiting": waiting,
+            "gaps": _summary(gaps),
+        }
         if request.query.get("reset"):
             # the answer times are kept: a step whose answer came before the reset is timed when
             # its turn's next request arrives (unless the turn ended: its entry just stays)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import micro
+from tests.bench.composed import subagent
 from tests.bench.controls_micro import unused_controls
 from tests.bench.held import VARIANTS as HELD_VARIANTS
 from tests.bench.load import Driver, Window
@@ -616,4 +617,5 @@ SCENARIOS = {
     "concurrency": concurrency,
     "scaling": scaling,
     "controls": controls,
+    "subagent": subagent,
 }

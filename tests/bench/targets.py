@@ -247,6 +247,7 @@ class LoopwireTarget(Target):
         source: Path | None = None,
         variant: str = "",
         agent_extra: dict[str, Any] | None = None,
+        extra_agents: tuple[dict[str, Any], ...] = (),
     ) -> None:
         super().__init__(shared, model, prefetch=prefetch, steps=steps)
         if variant:
@@ -264,7 +265,7 @@ class LoopwireTarget(Target):
             "limits": {"max_tool_iterations": steps},
             **(agent_extra or {}),
         }
-        self.agents_file.write_text(json.dumps({"agents": [agent]}))
+        self.agents_file.write_text(json.dumps({"agents": [agent, *extra_agents]}))
         self.history_blobs = [encode(m) for m in chat_history()]
         self.failures = 0
 

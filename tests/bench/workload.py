@@ -19,6 +19,8 @@ STEPS_PER_TURN = 5
 TOOL = "calculate"
 TOOL_ARGUMENTS = {"expression": "6*7"}
 AGENT = "bench"
+SUB_AGENT = "bench_helper"
+"""The agent the ``subagent`` scenario's agent calls in every step instead of the tool."""
 SYSTEM_PROMPT = "You are a careful assistant. Use the calculator for arithmetic."
 TURN_MARK = "bench-turn "
 _TURN_RE = re.compile(r"bench-turn ([A-Za-z0-9_-]+)")

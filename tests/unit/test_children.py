@@ -15,10 +15,11 @@ import pytest
 from contracts.base import Contract
 from contracts.control import TurnCancel, TurnChildResult
 from contracts.messages import ChatMessage, ToolCall, Usage
-from contracts.state import ModelResponse
+from contracts.state import ModelResponse, ToolExecution
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from worker.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step
 from worker.agents import AgentProfiles
+from worker.loop import Blocked, Hook, HookContext, ToolInvocation
 from worker.loop.ports import ModelRequest
 from worker.sequencer import SessionSequencer
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore
@@ -138,7 +139,9 @@ class World:
         raise AssertionError(f"no child of {parent} for {call_id}")
 
 
-def world(profiles: dict[str, Any], answers: dict[str, Answer]) -> World:
+def world(
+    profiles: dict[str, Any], answers: dict[str, Answer], hooks: Hook | None = None
+) -> World:
     for agent in profiles.get("agents", []):
         agent.setdefault("system_prompt", f"agent:{agent['name']}")
     loaded = AgentProfiles.model_validate(profiles)
@@ -150,6 +153,7 @@ def world(profiles: dict[str, Any], answers: dict[str, Answer]) -> World:
         definitions=[],
         events=events,
         agents=loaded.agents,
+        hooks=hooks,
     )
     return World(sequencer, store, model, events)
 
@@ -242,6 +246,38 @@ async def test_a_redone_parent_step_starts_no_second_child() -> None:
     assert child.parent is not None
     copy = await w.sequencer.on_child_result(TurnChildResult(parent=child.parent, result=child))
     assert [type(a) for a in copy] == [Drop]
+
+
+class Guard(Hook):
+    """Restores a placeholder in what a call is given, blocks calls to the writer, and masks
+    a word in what calls return (as the redaction hook set does with customer data)."""
+
+    async def before_tool(self, ctx: HookContext, call: ToolInvocation) -> ToolInvocation | Blocked:
+        if call.name == "writer":
+            return Blocked("no writing today")
+        text = str(call.arguments.get("input", "")).replace("<EMAIL_1>", "ann@example.com")
+        return ToolInvocation(call.call_id, call.name, {"input": text})
+
+    async def after_tool(self, ctx: HookContext, execution: ToolExecution) -> ToolExecution:
+        return execution.model_copy(
+            update={"content": execution.content.replace("ann@example.com", "<EMAIL_1>")}
+        )
+
+
+async def test_calls_to_sub_agents_pass_the_tool_hooks() -> None:
+    answers: dict[str, Answer] = {
+        "lead": lambda r: calls(("researcher", "mail <EMAIL_1>"), ("writer", "x"))
+        if not tool_results(r)
+        else says(" | ".join(tool_results(r))),
+        "researcher": lambda r: says(f"wrote to {last_user(r)}"),
+    }
+    w = world(TEAM, answers, hooks=Guard())
+    await w.run(request("lead", "go"))
+    # the child was given the restored value; the parent's model got it masked again
+    assert w.model.asked("researcher")[0].messages[-1].content == "mail ann@example.com"
+    result = w.result("T1")
+    assert result.content == 'wrote to mail <EMAIL_1> | {"error": "blocked: no writing today"}'
+    assert not w.model.asked("writer") and len(w.starts()) == 1
 
 
 async def test_a_failing_child_comes_back_as_an_error() -> None:

@@ -29,7 +29,6 @@ from contracts.state import AgentState, ChildTurn, ToolExecution
 from contracts.tools import ToolDefinition
 from contracts.turns import Budget, InputMessage, TurnParent, TurnRequest, TurnResult
 from worker.loop.budgets import turn_spend
-from worker.loop.guards import truncate
 from worker.loop.spec import AgentSpec
 from worker.loop.turn import turn_of, with_execution
 
@@ -137,12 +136,11 @@ def plan_children(
 
 
 def with_child_results(
-    state: AgentState, results: Mapping[str, TurnChildResult], limit: int | None
+    state: AgentState, results: Mapping[str, TurnChildResult]
 ) -> tuple[AgentState, list[tuple[ChildTurn, TurnResult]]]:
     """The parked turn with the results recorded for the children it waits on that it has not
-    recorded yet (each a tool result of its call; usage and cost added), and those children
-    with their results. ``limit``: the result text is truncated to it (``None``: not at all,
-    for a workflow)."""
+    recorded yet (each a tool result of its call, appended in that order; usage and cost
+    added), and those children with their results."""
     ex = turn_of(state)
     wait, pending = ex.wait, ex.pending
     if wait is None or wait.kind != "children" or pending is None or not results:
@@ -154,7 +152,7 @@ def with_child_results(
     ]
     if not fresh:
         return state, []
-    executions = tuple(child_execution(child, result, wait.since, limit) for child, result in fresh)
+    executions = tuple(child_execution(child, result, wait.since) for child, result in fresh)
     usage, cost = ex.usage, ex.cost_usd
     for _, result in fresh:
         usage, cost = usage + result.usage, cost + result.cost_usd
@@ -162,9 +160,7 @@ def with_child_results(
     return with_execution(state, pending=merged, usage=usage, cost_usd=cost), fresh
 
 
-def child_execution(
-    child: ChildTurn, result: TurnResult, started: float, limit: int | None
-) -> ToolExecution:
+def child_execution(child: ChildTurn, result: TurnResult, started: float) -> ToolExecution:
     """A child's result as the tool result of its call."""
     error = _failure(child.agent, result)
     if error is None:
@@ -172,9 +168,6 @@ def child_execution(
         content = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     else:
         value, content = None, json.dumps({"error": error}, ensure_ascii=False)
-    cut = False
-    if limit is not None:
-        content, cut = truncate(content, limit)
     return ToolExecution(
         call_id=child.call_id,
         name=child.agent,
@@ -182,7 +175,6 @@ def child_execution(
         value=value,
         error=error,
         content=content,
-        truncated=cut,
         started_at=started,
         completed_at=max(started, result.completed_at),
     )

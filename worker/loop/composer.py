@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 from contracts.events import ChildStarted
 from contracts.messages import ChatMessage, ToolCall
@@ -38,6 +39,7 @@ from contracts.turns import TurnError
 from worker.loop.budgets import configured, first_spent
 from worker.loop.children import is_child_call, plan_children
 from worker.loop.gates import Gates
+from worker.loop.hooks import Blocked, HookContext, ToolInvocation
 from worker.loop.outcomes import RunAgain, StepOutcome, Waiting
 from worker.loop.ports import observe
 from worker.loop.spec import AgentSpec
@@ -74,7 +76,9 @@ class Composer(Gates):
         if not todo:
             return state, tuple(unsaved)
         now = self.clock()
+        todo, blocked = await self._passed(state, agent, todo, now)
         planned = plan_children(state, agent, todo, now)
+        planned = replace(planned, refused=(*blocked, *planned.refused))
         if planned.refused:
             merged = pending.model_copy(update={"results": (*pending.results, *planned.refused)})
             state = with_execution(state, pending=merged)
@@ -116,6 +120,8 @@ class Composer(Gates):
         pending = ex.pending
         assert pending is not None
         answered = sum(1 for c in wait.children if pending.result_for(c.call_id) is not None)
+        if answered > wait.answered and agent.workflow is None:
+            state = await self._judged(state, agent, answered - wait.answered)
         if answered == len(wait.children):
             return with_execution(state, status="in_progress", wait=None), ()
         if answered > wait.answered:
@@ -123,8 +129,65 @@ class Composer(Gates):
             state = await self._save(with_execution(state, wait=more), release=True)
             return Waiting(state, wait.until)
         out = {c.call_id for c in wait.children if pending.result_for(c.call_id) is None}
-        again = plan_children(state, agent, [c for c in calls if c.id in out], self.clock())
+        now = self.clock()
+        passed, _ = await self._passed(state, agent, [c for c in calls if c.id in out], now)
+        again = plan_children(state, agent, passed, now)
         return Waiting(state, wait.until, start=again.requests)
+
+    async def _passed(
+        self, state: AgentState, agent: AgentSpec, calls: Sequence[ToolCall], now: float
+    ) -> tuple[list[ToolCall], list[ToolExecution]]:
+        """The calls to sub-agents through the ``before_tool`` hooks, like calls to tools: with
+        the arguments the hooks give (placeholders restored), or blocked. A workflow's calls
+        are its own: they pass as they are."""
+        if agent.workflow is not None or not calls:
+            return list(calls), []
+        ex = turn_of(state)
+        assert ex.pending is not None
+        ctx = HookContext(state=state, agent=agent, step=ex.pending.index)
+        passed, blocked = [], []
+        for call in calls:
+            try:
+                arguments = json.loads(call.arguments or "{}")
+            except ValueError:
+                passed.append(call)  # refused by plan_children, with the reason
+                continue
+            if not isinstance(arguments, dict):
+                passed.append(call)
+                continue
+            decision = await self.hooks.before_tool(
+                ctx, ToolInvocation(call.id, call.name, arguments)
+            )
+            if isinstance(decision, Blocked):
+                error = f"blocked: {decision.reason}"
+                blocked.append(
+                    ToolExecution(
+                        call_id=call.id,
+                        name=call.name,
+                        arguments=arguments,
+                        outcome="blocked",
+                        error=error,
+                        content=json.dumps({"error": error}, ensure_ascii=False),
+                        started_at=now,
+                        completed_at=now,
+                    )
+                )
+            else:
+                given = json.dumps(decision.arguments, ensure_ascii=False)
+                passed.append(call if given == call.arguments else replace_args(call, given))
+        return passed, blocked
+
+    async def _judged(self, state: AgentState, agent: AgentSpec, fresh: int) -> AgentState:
+        """The ``fresh`` child results merged last, through the ``after_tool`` hooks (redaction)
+        and truncated, as a tool's result is before the model sees it."""
+        ex = turn_of(state)
+        pending = ex.pending
+        assert pending is not None
+        ctx = HookContext(state=state, agent=agent, step=pending.index)
+        kept, new = pending.results[:-fresh], pending.results[-fresh:]
+        judged = [await self.tools.after_tool(ctx, execution, ex) for execution in new]
+        merged = pending.model_copy(update={"results": (*kept, *judged)})
+        return with_execution(state, pending=merged)
 
     async def _flow_step(self, state: AgentState, agent: AgentSpec) -> StepOutcome:
         """One round of a workflow turn: plan it from the answers so far (or end the turn),
@@ -193,3 +256,7 @@ class Composer(Gates):
         state = await self._save(state, release=True)
         await self._emit_step(state, record)  # the nodes' answers: child.finished
         return RunAgain(state)
+
+
+def replace_args(call: ToolCall, arguments: str) -> ToolCall:
+    return call.model_copy(update={"arguments": arguments})

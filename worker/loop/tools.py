@@ -236,7 +236,7 @@ class ToolRunner:
         if ex.stop_signal is not None:
             # a hook stopped the turn after the model asked for tools: none of them runs
             stopped = f"not run: the turn was stopped by {ex.stop_signal.source}"
-            return await self._after(ctx, finish("blocked", error=stopped), ex), {}, None
+            return await self.after_tool(ctx, finish("blocked", error=stopped), ex), {}, None
         definition = offered.get(call.name)
         pending = ex.pending
         if definition is None and pending is not None and call.name in pending.offered:
@@ -247,19 +247,19 @@ class ToolRunner:
             definition = catalog.last_known(call.name) or ToolDefinition(name=call.name)
         if definition is None:
             rejected = finish("error", error=f"unknown tool: {call.name!r}")
-            return await self._after(ctx, rejected, ex), {}, None
+            return await self.after_tool(ctx, rejected, ex), {}, None
         arguments = _arguments(call, pending)
         if isinstance(arguments, _Refused):
             rejected = finish(arguments.outcome, error=arguments.error, arguments=arguments.given)
-            return await self._after(ctx, rejected, ex), {}, None
+            return await self.after_tool(ctx, rejected, ex), {}, None
         decision = await self.hooks.before_tool(ctx, ToolInvocation(call.id, call.name, arguments))
         if isinstance(decision, Blocked):
             blocked = finish("blocked", error=f"blocked: {decision.reason}", arguments=arguments)
-            return await self._after(ctx, blocked, ex), {}, None
+            return await self.after_tool(ctx, blocked, ex), {}, None
         reply = await self._call(ctx, decision, definition, started)
         if isinstance(reply, _Failed):
             failed = finish("error", error=reply.error, arguments=arguments)
-            return await self._after(ctx, failed, ex), {}, reply.outcome
+            return await self.after_tool(ctx, failed, ex), {}, reply.outcome
         if reply.status == "ok":
             execution = finish("ok", value=reply.value, arguments=arguments)
         elif reply.status == "unknown":
@@ -267,7 +267,7 @@ class ToolRunner:
             execution = finish("unknown", error=f"outcome unknown: {message}", arguments=arguments)
         else:
             execution = finish("error", error=reply.error or "tool failed", arguments=arguments)
-        return await self._after(ctx, execution, ex), dict(reply.state_updates), None
+        return await self.after_tool(ctx, execution, ex), dict(reply.state_updates), None
 
     async def _call(
         self, ctx: HookContext, call: ToolInvocation, definition: ToolDefinition, started: float
@@ -306,9 +306,11 @@ class ToolRunner:
             log.warning("tool %s failed for turn %s", call.name, ex.turn_id, exc_info=True)
             return _Failed(f"tool {call.name!r} failed: {type(exc).__name__}: {exc}", "error")
 
-    async def _after(
+    async def after_tool(
         self, ctx: HookContext, execution: ToolExecution, ex: ExecutionState
     ) -> ToolExecution:
+        """A result as the model gets it: through the ``after_tool`` hooks (redaction), then
+        truncated to ``max_tool_result_chars``."""
         try:
             execution = await self.hooks.after_tool(ctx, execution)
         except RetryableError:

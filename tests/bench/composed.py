@@ -1,0 +1,91 @@
+"""The ``subagent`` scenario: what a step costs when it calls a sub-agent instead of a tool.
+
+Two loopwire targets under the same load, in alternating order: the bench agent calling the
+calculator tool in every step (the step scenario's workload), and the bench agent calling the
+``bench_helper`` agent in every step: a child turn of one step (the model answers it with text
+at once) that any worker runs while the parent waits parked. CPU is counted per step of the
+bench's turns (the parent's): the worker's (which runs the child turn too), and the worker's
+with the tool service's (which runs the tool call in the first).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.bench.load import Window
+from tests.bench.report import median, ratio, table
+from tests.bench.targets import LoopwireTarget
+from tests.bench.workload import SUB_AGENT
+
+HELPER = {"name": SUB_AGENT, "system_prompt": "You answer arithmetic.", "tools": []}
+
+
+def _per_parent_step(window: Window) -> tuple[float, float]:
+    """Worker CPU, and worker plus helpers' CPU, in ms per step of the driven turns."""
+    steps = window.steps - window.finals
+    if steps <= 0:
+        return float("nan"), float("nan")
+    others = sum(v for k, v in window.other_cpu_s.items() if k != "model")
+    return 1000 * window.worker_cpu_s / steps, 1000 * (window.worker_cpu_s + others) / steps
+
+
+async def subagent(ctx: Any) -> dict[str, Any]:
+    plan = ctx.plan
+    sessions = plan.step_sessions[0]
+    await ctx.model.configure(delay=0)
+    common = {
+        "prefetch": plan.prefetch,
+        "steps": plan.steps,
+        "agents_dir": ctx.agents_dir,
+        "extra_env": {"LOOPWIRE_GRACE_S": "3"},
+        "source": ctx.source,
+    }
+    tool = LoopwireTarget(ctx.shared, ctx.model, **common)
+    child = LoopwireTarget(
+        ctx.shared,
+        ctx.model,
+        **common,
+        variant="subagent",
+        agent_extra={"tools": [], "agents": [SUB_AGENT]},
+        extra_agents=(HELPER,),
+    )
+    windows: dict[str, list[Window]] = {tool.name: [], child.name: []}
+    for r in range(plan.rounds):  # one at a time: both consume the same turn queue
+        for target in (tool, child) if r % 2 == 0 else (child, tool):
+            target.profile_dir = ctx.profile_dir
+            try:
+                await target.start(1)
+                window = await ctx.driver.measure(
+                    target,
+                    sessions=sessions,
+                    warmup_s=plan.step_warmup_s,
+                    window_s=plan.step_window_s,
+                )
+            finally:
+                target.stop()
+                target.workers, target.helpers = [], []
+            windows[target.name].append(window)
+    out: dict[str, Any] = {}
+    rows = []
+    base_worker = median([_per_parent_step(w)[0] for w in windows[tool.name]])
+    base_all = median([_per_parent_step(w)[1] for w in windows[tool.name]])
+    for name, found in windows.items():
+        worker = median([_per_parent_step(w)[0] for w in found])
+        total = median([_per_parent_step(w)[1] for w in found])
+        out[name] = {
+            "worker_cpu_ms_per_step": worker,
+            "worker_and_helpers_cpu_ms_per_step": total,
+            "ratio_worker": ratio(worker, base_worker),
+            "ratio_all": ratio(total, base_all),
+            "rounds": [w.as_dict() for w in found],
+        }
+        rows.append((name, worker, ratio(worker, base_worker), total, ratio(total, base_all)))
+    ctx.tables.append(
+        table(
+            f"A step that calls a sub-agent against one that calls a tool, {sessions} sessions "
+            "(CPU per step of the driven turns; the sub-agent's child turn is one model call)",
+            ("system", "worker cpu ms/step", "vs tool", "+ tool service ms/step", "vs tool"),
+            rows,
+        )
+    )
+    return out
