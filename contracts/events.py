@@ -55,6 +55,11 @@ class TurnAccepted(Contract):
 class TurnStarted(Contract):
     history_len: int
     max_tool_iterations: int
+    prompt_version: str | None = Field(
+        default=None,
+        description="The agent's prompt version the turn started with.",
+        exclude_if=lambda value: value is None,
+    )
 
 
 class StepCompleted(Contract):
@@ -64,6 +69,16 @@ class StepCompleted(Contract):
     usage: Usage
     duration_s: float
     model_duration_s: float
+    model: str | None = Field(
+        default=None,
+        description="The model that answered, as the endpoint named it.",
+        exclude_if=lambda value: value is None,
+    )
+    provider: str | None = Field(
+        default=None,
+        description="The provider that answered, when not 'default'.",
+        exclude_if=lambda value: value is None,
+    )
 
 
 class ToolInvoking(Contract):

@@ -39,6 +39,11 @@ class ModelResponse(Contract):
     model: str = ""
     response_id: str | None = None
     duration_s: float = 0.0
+    provider: str | None = Field(
+        default=None,
+        description="The provider that answered, when not 'default'.",
+        exclude_if=lambda value: value is None,
+    )
 
 
 class ToolExecution(Contract):
@@ -79,6 +84,17 @@ class AgentStep(Contract):
     response: ModelResponse | None = None
     tool_executions: tuple[ToolExecution, ...] = ()
     errors: tuple[str, ...] = ()
+    stopped_by: str | None = Field(
+        default=None,
+        description="The stop signal of the step (a hook's source), overridden when "
+        "continued_by is set too.",
+        exclude_if=lambda value: value is None,
+    )
+    continued_by: str | None = Field(
+        default=None,
+        description="The hook that asked the turn to go on after this step.",
+        exclude_if=lambda value: value is None,
+    )
 
     @property
     def type(self) -> StepType:
@@ -170,6 +186,11 @@ class ExecutionState(Contract):
     turn_id: SafeId
     request: TurnRequest
     limits: LoopLimits
+    prompt_version: str | None = Field(
+        default=None,
+        description="The agent's prompt version when the turn started.",
+        exclude_if=lambda value: value is None,
+    )
     status: ExecutionStatus = "pending"
     history_start: int = Field(
         default=0, ge=0, description="Session history length before the turn."
@@ -224,7 +245,11 @@ NO_SPEND: Final = Spend()
 class SessionContext(Contract):
     """What the session carries besides its messages."""
 
-    system_prompt: str | None = None
+    system_prompt: str | None = Field(
+        default=None,
+        description="Not read: every model call uses the turn's agent's prompt as its profile "
+        "says now (earlier releases copied the first agent's prompt here).",
+    )
     metadata: JsonObject = Field(default_factory=dict)
     response_format: JsonObject | None = None
     kv: JsonObject = Field(default_factory=dict, description="Key-value state tools may update.")

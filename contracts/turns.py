@@ -193,6 +193,18 @@ class TurnResult(Contract):
         description="A child turn's parent (from its request).",
         exclude_if=lambda value: value is None,  # added to v1: written only when set
     )
+    prompt_version: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The agent's prompt version the turn started with.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
+    models: tuple[str, ...] = Field(
+        default=(),
+        description="The model that answered each step, as the endpoint named it (steps that "
+        "called no model, a workflow's, are left out).",
+        exclude_if=lambda value: not value,  # added to v1: written only when set
+    )
 
     @model_validator(mode="after")
     def _error_iff_failed(self) -> TurnResult:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import Field, model_validator
 
@@ -63,6 +63,13 @@ class AgentProfile(AgentSpec):
                     f"'hook_config' names {name!r}, which is not a hook set in 'hooks'"
                 )
         return self
+
+
+class ProfileLookup(Protocol):
+    """Where a worker finds an agent's profile: ``AgentProfiles``, or the profiles a running
+    worker reloads (``worker.profile_source.ProfileSource``)."""
+
+    def get(self, name: str) -> AgentProfile | None: ...
 
 
 class WorkflowProfile(Workflow):

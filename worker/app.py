@@ -15,8 +15,6 @@ import signal
 from collections.abc import Callable
 
 import aio_pika
-import httpx2
-from openai import AsyncOpenAI
 from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
@@ -29,10 +27,9 @@ from worker.heap import HeapTrimmer, malloc_trim
 from worker.hooksets import HookSets
 from worker.loop import Loop
 from worker.metrics import CountingSink, WorkerMetrics, build_info
-from worker.model.adapter import OpenAIModel
-from worker.model.http import ModelClient, ModelHttpClient
+from worker.model.providers import build_models, check_providers, endpoints
+from worker.profile_source import ProfileSource
 from worker.ratelimit import RedisRateLimiter
-from worker.redaction import REDACT
 from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
 from worker.sequencer import SessionSequencer
@@ -62,24 +59,6 @@ def load_profiles(settings: Settings) -> AgentProfiles:
         raise ProfileError(f"agents file {settings.agents_file}: {exc}") from None
 
 
-def openai_client(settings: Settings) -> AsyncOpenAI:
-    m = settings.model
-    return ModelClient(
-        base_url=m.base_url,
-        api_key=m.api_key.get_secret_value(),
-        max_retries=m.max_retries,
-        timeout=httpx2.Timeout(m.timeout_s, connect=m.connect_timeout_s),
-        # the client's aiohttp transport (httpx's own pool costs more CPU per call, the more so
-        # with concurrent calls), minus httpx's per-call merging layers (tests/bench)
-        http_client=ModelHttpClient(
-            limits=httpx2.Limits(
-                max_connections=m.max_connections, max_keepalive_connections=m.max_connections
-            ),
-            timeout=httpx2.Timeout(m.timeout_s, connect=m.connect_timeout_s),
-        ),
-    )
-
-
 class Worker:
     def __init__(self, settings: Settings, *, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
@@ -87,6 +66,11 @@ class Worker:
         self.metrics = WorkerMetrics(self.registry, default_model=settings.model.model)
         build_info(self.registry, component="worker", service="worker")
         self.profiles = load_profiles(settings)
+        problems = check_providers(self.profiles.agents, endpoints(settings))
+        if problems:
+            raise ProfileError("; ".join(problems))
+        self.source: ProfileSource | None = None
+        """The profiles in use once it runs (reloaded on SIGHUP and when the file changes)."""
         self.in_flight: set[asyncio.Task[None]] = set()
         self.consuming = False
         self.stopping = asyncio.Event()
@@ -104,7 +88,15 @@ class Worker:
         )
         redis = Redis(connection_pool=pool)
         redaction = Redaction(RedisVault(redis), default_ttl_s=s.state_ttl_s)
-        hook_sets = HookSets(self.profiles, redaction)
+        source = self.source = ProfileSource(
+            self.profiles,
+            HookSets(self.profiles, redaction),
+            path=s.agents_file,
+            providers=endpoints(s),
+            redaction=redaction,
+            on_loaded=lambda loaded: self.metrics.agents_loaded(loaded.agents, s.model.model),
+            on_error=self.metrics.reload_errors.inc,
+        )
         connection = await aio_pika.connect_robust(
             s.amqp_url,
             client_properties={"connection_name": f"loopwire-worker-{os.getpid()}"},
@@ -112,7 +104,7 @@ class Worker:
         )
         gate = BrokerGate()
         gate.watch(connection)
-        client = openai_client(s)
+        model, clients = build_models(s, on_fallback=self.metrics.model_fallback)
         health: HealthServer | None = None
         background: set[asyncio.Task[None]] = set()
         try:
@@ -126,9 +118,6 @@ class Worker:
             )
             rpc = ToolRPC(rpc_channel, in_progress=self.metrics.tool_call_in_progress)
             await rpc.start()
-            model = OpenAIModel(
-                client, model=s.model.model, bad_response_retries=s.model.bad_response_retries
-            )
             catalog = RegistryCatalog(redis, cache_s=s.tools_cache_s)
             store = RedisStore(
                 redis,
@@ -155,7 +144,7 @@ class Worker:
                     catalog=catalog,
                     store=session,
                     events=sink,
-                    hooks=hook_sets.for_agent(profile.name),
+                    hooks=source.hook_sets.for_agent(profile.name),
                     observer=self.metrics,
                     price=price,
                     ledger=store,
@@ -167,13 +156,11 @@ class Worker:
                 leases=LeaseKeeper(
                     store, lost=self.metrics.steps_abandoned.labels("lease_lost").inc
                 ),
-                profiles=self.profiles,
+                profiles=source,
                 loop_factory=loop_factory,
                 events=sink,
                 observer=self.metrics,
-                deliver=redaction.deliver_for(
-                    {p.name: p.redaction for p in self.profiles.agents if REDACT in p.hooks}
-                ),
+                deliver=redaction.deliver_for(source.redaction_configs),
             )
             consumer = Consumer(
                 work=work,
@@ -235,7 +222,8 @@ class Worker:
                     await task
             if health is not None:
                 await health.stop()
-            await client.close()
+            for client in clients:
+                await client.close()
             await connection.close()
             await redis.aclose()
 
@@ -255,6 +243,11 @@ class Worker:
     def stop(self) -> None:
         self.stopping.set()
 
+    def reload(self) -> None:
+        """SIGHUP: load the agents file again (a file that fails to load changes nothing)."""
+        if self.source is not None:
+            self.source.reload()
+
 
 def main() -> int:
     settings = Settings()
@@ -273,6 +266,7 @@ def main() -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
+        loop.add_signal_handler(signal.SIGHUP, worker.reload)
         await worker.run()
 
     try:

@@ -1,4 +1,5 @@
-"""Hook sets an agent profile enables: a built-in name (``"redact"``) or an import path.
+"""Hook sets an agent profile enables: a built-in name (``"redact"``, ``"tool_guard"``,
+``"content_guard"``: ``worker.guards``) or an import path.
 
 An import path names a ``Hook`` subclass, ``"mypkg.guards:NoRefunds"``. If the class has
 a ``Config`` attribute (a pydantic model), the profile's ``hook_config`` block for that
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import ProfileError
+from worker.guards import BUILT_IN
 from worker.loop.hooks import Hook, Hooks
 from worker.redaction import REDACT
 from worker.redaction.service import Redaction
@@ -52,6 +54,10 @@ def _plugin(path: str, config: Mapping[str, Any] | None) -> HookFactory:
     target = _import(path)
     if not (isinstance(target, type) and issubclass(target, Hook)):
         raise ValueError(f"{path!r} is not a subclass of worker.loop.hooks.Hook")
+    return _configured(target, config)
+
+
+def _configured(target: type[Hook], config: Mapping[str, Any] | None) -> HookFactory:
     model = getattr(target, "Config", None)
     if isinstance(model, type) and issubclass(model, BaseModel):
         try:
@@ -71,6 +77,10 @@ def _factory(profile: AgentProfile, name: str, redaction: Redaction | None) -> H
             raise ValueError("the hook set needs the worker's Redis")
         config = profile.redaction
         return lambda: redaction.hooks(config)
+    if name in BUILT_IN:
+        if name not in profile.hook_config:
+            raise ValueError(f"the hook set needs its configuration: hook_config[{name!r}]")
+        return _configured(BUILT_IN[name], profile.hook_config[name])
     return _plugin(name, profile.hook_config.get(name))
 
 

@@ -38,7 +38,7 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final
 
@@ -49,6 +49,7 @@ from contracts.messages import Usage
 from contracts.runtime.metrics import TOOL_BUCKETS, build_info, package_version
 from contracts.turns import TurnResult
 from worker.loop.ports import EventSink, LoopObserver, ToolCallOutcome
+from worker.loop.spec import AgentSpec
 
 __all__ = ["CountingSink", "WorkerMetrics", "build_info", "package_version", "sample_names"]
 
@@ -119,21 +120,26 @@ class WorkerMetrics(LoopObserver):
         self.model_duration = Histogram(
             "gen_ai_client_operation_duration_seconds",
             "GenAI operation duration (model calls; error_type set when the call failed).",
-            ["gen_ai_operation_name", "gen_ai_request_model", "error_type"],
+            ["gen_ai_operation_name", "gen_ai_request_model", "server_address", "error_type"],
             buckets=MODEL_DURATION_BUCKETS,
             registry=r,
         )
         self.model_tokens = Histogram(
             "gen_ai_client_token_usage",
             "Tokens used per model call, by token type (input, output).",
-            ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type"],
+            [
+                "gen_ai_operation_name",
+                "gen_ai_request_model",
+                "server_address",
+                "gen_ai_token_type",
+            ],
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
         self.model_errors = Counter(
             "loopwire_model_errors",
             "Model calls that failed for good, by error type.",
-            ["gen_ai_request_model", "error_type"],
+            ["gen_ai_request_model", "server_address", "error_type"],
             registry=r,
         )
         self.tool_duration = Histogram(
@@ -166,6 +172,24 @@ class WorkerMetrics(LoopObserver):
             "loopwire_budget_exhausted",
             "Budgets found spent before a model call, by budget (<scope>.<limit>).",
             ["agent", "budget"],
+            registry=r,
+        )
+        self.agents = Gauge(
+            "loopwire_agent_info",
+            "The agents this worker has loaded: 1 for each, by prompt version, provider and model.",
+            ["agent", "prompt_version", "provider", "model"],
+            registry=r,
+        )
+        self.reload_errors = Counter(
+            "loopwire_profile_reload_errors",
+            "Agents files that failed to load on a reload (the profiles before stay).",
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "loopwire_model_fallbacks",
+            "Model errors after which a step asked the next model of its agent's chain, by the "
+            "provider that failed (server_address) and the error.",
+            ["server_address", "error_type"],
             registry=r,
         )
         self.children = Counter(
@@ -266,20 +290,28 @@ class WorkerMetrics(LoopObserver):
     def step_completed(self, agent: str, duration_s: float) -> None:
         self.child(self.step_duration, agent).observe(max(0.0, duration_s))
 
-    def model_called(self, model: str | None, usage: Usage, duration_s: float) -> None:
+    def model_called(
+        self, model: str | None, usage: Usage, duration_s: float, provider: str = "default"
+    ) -> None:
         name = self._model(model)
-        self.child(self.model_duration, OPERATION_CHAT, name, "").observe(max(0.0, duration_s))
-        self.child(self.model_tokens, OPERATION_CHAT, name, "input").observe(usage.prompt_tokens)
-        self.child(self.model_tokens, OPERATION_CHAT, name, "output").observe(
+        self.child(self.model_duration, OPERATION_CHAT, name, provider, "").observe(
+            max(0.0, duration_s)
+        )
+        self.child(self.model_tokens, OPERATION_CHAT, name, provider, "input").observe(
+            usage.prompt_tokens
+        )
+        self.child(self.model_tokens, OPERATION_CHAT, name, provider, "output").observe(
             usage.completion_tokens
         )
 
-    def model_failed(self, model: str | None, error_type: str, duration_s: float) -> None:
+    def model_failed(
+        self, model: str | None, error_type: str, duration_s: float, provider: str = "default"
+    ) -> None:
         name = self._model(model)
-        self.child(self.model_duration, OPERATION_CHAT, name, error_type).observe(
+        self.child(self.model_duration, OPERATION_CHAT, name, provider, error_type).observe(
             max(0.0, duration_s)
         )
-        self.child(self.model_errors, name, error_type).inc()
+        self.child(self.model_errors, name, provider, error_type).inc()
 
     def tool_executed(self, tool: str, outcome: ToolCallOutcome, duration_s: float) -> None:
         self.child(self.tool_duration, tool, outcome).observe(max(0.0, duration_s))
@@ -295,6 +327,17 @@ class WorkerMetrics(LoopObserver):
 
     def budget_exhausted(self, agent: str, budget: str) -> None:
         self.child(self.budgets, agent, budget).inc()
+
+    def agents_loaded(self, agents: Iterable[AgentSpec], default_model: str) -> None:
+        """What ``loopwire_agent_info`` says: the agents loaded now (the ones before are gone)."""
+        self.agents.clear()
+        for agent in agents:
+            head = agent.route[0]
+            model = head.model or (default_model if head.provider == "default" else "")
+            self.agents.labels(agent.name, agent.prompt_version or "", head.provider, model).set(1)
+
+    def model_fallback(self, provider: str, error_type: str) -> None:
+        self.child(self.fallbacks, provider, error_type).inc()
 
     def children_started(self, agent: str, count: int) -> None:
         self.child(self.children, agent).inc(count)

@@ -36,7 +36,7 @@ from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
 from worker.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step, first_step
-from worker.agents import AgentProfile, AgentProfiles
+from worker.agents import AgentProfile, ProfileLookup
 from worker.controls import Controls
 from worker.errors import PermanentError
 from worker.loop import EventSink, Finished, Loop, StepOutcome, Waiting, new_execution
@@ -62,7 +62,7 @@ class SessionSequencer(Controls):
         *,
         store: SessionStore,
         leases: LeaseKeeper,
-        profiles: AgentProfiles,
+        profiles: ProfileLookup,
         loop_factory: LoopFactory,
         events: EventSink,
         clock: Callable[[], float] = time.time,

@@ -6,7 +6,7 @@ Example: ``LOOPWIRE_MODEL__BASE_URL=http://localhost:11434/v1``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -57,6 +57,30 @@ class ModelPrice(BaseModel):
 
     input_per_m: float = Field(ge=0)
     output_per_m: float = Field(ge=0)
+
+
+class ProviderSettings(ModelSettings):
+    """A named model endpoint (``LOOPWIRE_PROVIDERS``): a profile names it (``provider``, or
+    each entry of ``models``). The key is read from ``api_key_file`` or the environment
+    variable ``api_key_env`` (never from a profile); see docs/providers.md."""
+
+    api_key_env: str | None = Field(
+        default=None, description="The environment variable holding the API key."
+    )
+    api_key_file: Path | None = Field(default=None, description="A file holding the API key.")
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict, description="Prices of this provider's models (as LOOPWIRE_PRICES)."
+    )
+
+    def key(self, environ: Mapping[str, str]) -> str:
+        """The API key: from the file, else the variable, else ``api_key``."""
+        if self.api_key_file is not None:
+            return self.api_key_file.read_text(encoding="utf-8").strip()
+        if self.api_key_env is not None:
+            if self.api_key_env not in environ:
+                raise ValueError(f"the environment variable {self.api_key_env} is not set")
+            return environ[self.api_key_env]
+        return self.api_key.get_secret_value()
 
 
 class Settings(BaseSettings):
@@ -120,6 +144,11 @@ class Settings(BaseSettings):
         default=9464, ge=0, le=65535, description="Port of /metrics, /livez, /readyz (0: off)."
     )
     model: ModelSettings = ModelSettings()
+    providers: dict[str, ProviderSettings] = Field(
+        default_factory=dict,
+        description="Named model endpoints besides 'default' (LOOPWIRE_MODEL__*), as JSON: "
+        '{"backup": {"base_url": "...", "api_key_env": "BACKUP_KEY", "model": "..."}}.',
+    )
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict,
         description="Price table for cost budgets and TurnResult.cost_usd, by model name (JSON: "
@@ -129,8 +158,10 @@ class Settings(BaseSettings):
 
 
 def price_table(settings: Settings) -> Callable[[str | None, Usage], float]:
-    """The cost of one model call's usage, by model (``None``: the default model)."""
-    prices = settings.prices
+    """The cost of one model call's usage, by model (``None``: the default model): the
+    providers' price tables and ``LOOPWIRE_PRICES`` (which wins) together."""
+    prices = {m: p for provider in settings.providers.values() for m, p in provider.prices.items()}
+    prices.update(settings.prices)
     default = settings.model.model
 
     def price(model: str | None, usage: Usage) -> float:

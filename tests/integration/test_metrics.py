@@ -320,7 +320,11 @@ async def test_metrics_change_as_expected_after_real_turns(
     assert delta("loopwire_step_duration_seconds_count", **support) == 3
     assert value(w1, "loopwire_steps_in_progress") == 0
     # model calls: duration, tokens by type, errors by type
-    model = {"gen_ai_operation_name": "chat", "gen_ai_request_model": "scripted-model"}
+    model = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_request_model": "scripted-model",
+        "server_address": "default",
+    }
     assert delta("gen_ai_client_operation_duration_seconds_count", **model, error_type="") == 3
     assert (
         delta(
@@ -337,6 +341,7 @@ async def test_metrics_change_as_expected_after_real_turns(
         delta(
             "loopwire_model_errors_total",
             gen_ai_request_model="scripted-model",
+            server_address="default",
             error_type="model_http_500",
         )
         == 1

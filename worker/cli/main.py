@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -100,6 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the triage workflow: a classifier routes to agents, one of which asks another",
     )
+
+    agents = sub.add_parser("agents", help="check or list an agents file as a worker loads it")
+    agents_sub = agents.add_subparsers(dest="agents_command", metavar="COMMAND", required=True)
+    check = agents_sub.add_parser("check", help="validate it (exit 2 with every problem listed)")
+    check.add_argument("file", type=Path, help="the agents file")
+    check.set_defaults(json=False)
+    listing = agents_sub.add_parser("list", help="print each agent and workflow")
+    listing.add_argument("file", type=Path, help="the agents file")
+    listing.add_argument("--json", action="store_true", help="JSON lines instead of text")
 
     schema = sub.add_parser("schema", help="write the JSON Schema of the public contracts")
     schema.add_argument("--out", default="-", help="directory to write into, or - for stdout")
@@ -196,6 +206,10 @@ def _run(args: argparse.Namespace) -> int:
         )
     if args.command == "dlq":
         return _dlq(args)
+    if args.command == "agents":
+        from worker.cli.agents import run_agents_command
+
+        return run_agents_command(args.agents_command, args.file, as_json=args.json)
     if args.command == "demo":
         from worker.cli.demo import DEFAULT_QUESTION, WORKFLOW_QUESTION, run_demo
 

@@ -65,6 +65,8 @@ async def announce_step(
             usage=response.usage if response else Usage(),
             duration_s=record.duration_s,
             model_duration_s=response.duration_s if response else 0.0,
+            model=response.model or None if response else None,
+            provider=response.provider if response else None,
         ),
         state,
         step=step.index,

@@ -278,7 +278,9 @@ class Loop(Composer):
         await self._emit(
             "turn.started",
             TurnStarted(
-                history_len=ex.history_start, max_tool_iterations=ex.limits.max_tool_iterations
+                history_len=ex.history_start,
+                max_tool_iterations=ex.limits.max_tool_iterations,
+                prompt_version=ex.prompt_version,
             ),
             state,
             at=ex.started_at,
@@ -293,9 +295,21 @@ class Loop(Composer):
         try:
             response = await call.answer
         except ModelError as exc:
-            observe(self.observer.model_failed, call.model, exc.code, self.clock() - call.called)
+            observe(
+                self.observer.model_failed,
+                call.model,
+                exc.code,
+                self.clock() - call.called,
+                agent.models[-1].provider if agent.models else agent.provider or "default",
+            )
             return await self._model_failed(call, agent, exc)
-        observe(self.observer.model_called, call.model, response.usage, self.clock() - call.called)
+        observe(
+            self.observer.model_called,
+            response.model if response.provider else call.model,
+            response.usage,
+            self.clock() - call.called,
+            response.provider or "default",
+        )
         state = call.parked.unpark()
         ex = turn_of(state)
         ctx = HookContext(state=state, agent=agent, step=call.index)
@@ -362,14 +376,30 @@ class Loop(Composer):
         ctx = HookContext(state=state, agent=agent, step=pending.index)
         await self.hooks.after_step(ctx, step)
         now = self.clock()
-        record = StepExecution(step=step, started_at=pending.started_at, completed_at=now)
         stop = ex.stop_signal or ctx.stop_signal
+        more = ctx.continuation if ex.budget_spent is None else None
+        if more is not None or stop is not None:
+            step = step.model_copy(
+                update={
+                    "stopped_by": stop.source if stop is not None else None,
+                    "continued_by": more.source if more is not None else None,
+                }
+            )
+            if more is not None:
+                stop = None  # a continuation overrides a stop of the same step
+        record = StepExecution(step=step, started_at=pending.started_at, completed_at=now)
         state = with_execution(
             state, steps=(*ex.steps, record), pending=None, empty_streak=streak, stop_signal=stop
         )
         agent_name = ex.request.agent
         outcome: StepOutcome
-        if not calls:
+        if not calls and more is not None and len(ex.steps) + 1 < ex.limits.max_tool_iterations:
+            # a final answer, and a hook asks for one more step (a self-check)
+            note = [ChatMessage(role="user", content=more.message)] if more.message else []
+            state = await self._save(state, append=note, release=True)
+            await self._emit_step(state, record, invoked=unsaved)
+            outcome = RunAgain(state)
+        elif not calls:
             # an answer cut short by the model's token limit ends the turn with what it said,
             # and says so: it is not mistaken for a whole answer
             reason: FinishReason = "length" if response.finish_reason == "length" else "stop"

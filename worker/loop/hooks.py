@@ -2,7 +2,12 @@
 
 Every method has a no-op default; a hook overrides only what it needs. Any
 hook can call ``ctx.stop(source, reason)`` and the turn ends with ``stopped_by``
-set to ``source``: a stop before the model is called (``before_execution``,
+set to ``source``, unless an ``after_step`` hook of the same step calls
+``ctx.continue_turn(source, message)``, which overrides it (a spent budget is not
+overridden); after a final answer ``continue_turn`` asks for one more step, with
+``message`` for the model (a self-check), within the iteration cap. The step's record says
+which hook stopped or continued it (``AgentStep.stopped_by``, ``continued_by``). A stop
+takes effect: a stop before the model is called (``before_execution``,
 ``before_step``, ``prepare_messages``) ends it without calling the model; a stop
 in ``after_model`` records the step's tool calls as blocked; a later stop
 (``before_tool``, ``after_tool``, ``after_step``) lets the step's tools finish.
@@ -50,10 +55,26 @@ class HookContext:
     agent: AgentSpec
     step: int
     stop_signal: StopSignal | None = field(default=None)
+    continuation: Continuation | None = field(default=None)
 
     def stop(self, source: str, reason: str = "") -> None:
         if self.stop_signal is None:
             self.stop_signal = StopSignal(source=source, reason=reason)
+
+    def continue_turn(self, source: str, message: str | None = None) -> None:
+        """From ``after_step``: the turn goes on. It overrides a stop signal of the same step
+        (not a spent budget); after a final answer it asks for one more step, ``message``
+        (if any) going to the model first — a self-check — within the iteration cap."""
+        if self.continuation is None:
+            self.continuation = Continuation(source=source[:128], message=message)
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """A hook asked the turn to go on (``HookContext.continue_turn``)."""
+
+    source: str
+    message: str | None = None
 
 
 class Hook:

@@ -37,6 +37,10 @@ class ModelRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None
     """At most this long (the turn's deadline is near); ``None``: the client's own timeout."""
+    provider: str | None = None
+    """The provider to ask (``None``: ``default``)."""
+    fallbacks: tuple[tuple[str, str | None], ...] = ()
+    """The models to ask next, in order, when this one fails (provider, model)."""
 
 
 class Model(Protocol):
@@ -127,10 +131,15 @@ class LoopObserver:
     def step_completed(self, agent: str, duration_s: float) -> None:
         """A step ran to its end: model call, every tool result, guards, ``after_step``."""
 
-    def model_called(self, model: str | None, usage: Usage, duration_s: float) -> None:
-        """The model answered (``model``: the requested one; None means the adapter's default)."""
+    def model_called(
+        self, model: str | None, usage: Usage, duration_s: float, provider: str = "default"
+    ) -> None:
+        """The model answered (``model``: the requested one; None means the provider's default;
+        ``provider``: the one that answered)."""
 
-    def model_failed(self, model: str | None, error_type: str, duration_s: float) -> None:
+    def model_failed(
+        self, model: str | None, error_type: str, duration_s: float, provider: str = "default"
+    ) -> None:
         """The model call failed for good; ``error_type`` is the ``ModelError`` code."""
 
     def tool_executed(self, tool: str, outcome: ToolCallOutcome, duration_s: float) -> None:

@@ -18,9 +18,12 @@ from worker.loop.transcript import Transcript
 async def compile_messages(
     store: StateStore, hooks: Hook, state: AgentState, agent: AgentSpec, ctx: HookContext
 ) -> Sequence[ChatMessage]:
-    """The system prompt and the conversation so far, as the hooks prepare them."""
+    """The system prompt and the conversation so far, as the hooks prepare them. The prompt is
+    the turn's agent's, as its profile says now: a session keeps the conversation, not a copy
+    of a prompt (``SessionContext.system_prompt``, which earlier releases copied into a new
+    session, is not read)."""
     history = await store.load_messages(state)
-    prompt = state.context.system_prompt or agent.system_prompt
+    prompt = agent.system_prompt
     messages: Sequence[ChatMessage] = Transcript(
         ChatMessage.system(prompt) if prompt else None, history
     )
@@ -42,10 +45,13 @@ def model_request(
     ex = state.execution
     deadline = ex.request.deadline if ex is not None else None
     schema = schema_of(agent, ex) if ex is not None else None
+    route = agent.models
     return ModelRequest(
         messages=messages,
         tools=tools,
-        model=llm.model or agent.model,
+        model=llm.model or (route[0].model if route else agent.model),
+        provider=route[0].provider if route else agent.provider,
+        fallbacks=tuple((c.provider, c.model) for c in route[1:]),
         temperature=llm.temperature if llm.temperature is not None else agent.temperature,
         max_tokens=llm.max_tokens or agent.max_tokens,
         response_format=(

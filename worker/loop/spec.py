@@ -6,6 +6,7 @@ profile with hook sets and their configuration) is the worker's business (``work
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -38,6 +39,13 @@ class SubAgent(Contract):
         return {"agent": value} if isinstance(value, str) else value
 
 
+class ModelChoice(Contract):
+    """One model of an agent's chain: a provider of the workers' configuration and its model."""
+
+    provider: str = Field(default="default", min_length=1, max_length=64)
+    model: str | None = Field(default=None, description="Default: the provider's model.")
+
+
 class AgentSpec(Contract):
     name: AgentName
     description: str = Field(
@@ -46,7 +54,22 @@ class AgentSpec(Contract):
         description="What the agent does: what a model calling it as a tool is told.",
     )
     system_prompt: str | None = None
-    model: str | None = Field(default=None, description="Overrides the worker's default model.")
+    prompt_version: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The prompt's version, recorded with every turn; default: a short hash of "
+        "the prompt.",
+    )
+    provider: str | None = Field(
+        default=None, max_length=64, description="The workers' provider to call (default: default)."
+    )
+    model: str | None = Field(default=None, description="Overrides the provider's default model.")
+    models: tuple[ModelChoice, ...] = Field(
+        default=(),
+        max_length=8,
+        description="A fallback chain instead of provider and model: on a model error the "
+        "provider's retries did not fix, the step tries the next.",
+    )
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tokens: int | None = Field(default=None, ge=1)
     tools: tuple[str, ...] = Field(
@@ -105,6 +128,20 @@ class AgentSpec(Contract):
     workflow: Workflow | None = Field(
         default=None, description="Set for a workflow: it runs its nodes instead of a model."
     )
+
+    @model_validator(mode="after")
+    def _versioned(self) -> AgentSpec:
+        if self.models and (self.provider is not None or self.model is not None):
+            raise ValueError("give 'models' (a chain) or 'provider' and 'model', not both")
+        if self.prompt_version is None:  # set in place: the validator returns the model itself
+            digest = hashlib.sha256((self.system_prompt or "").encode()).hexdigest()[:12]
+            self.__dict__["prompt_version"] = digest
+        return self
+
+    @property
+    def route(self) -> tuple[ModelChoice, ...]:
+        """The models a step asks, in order."""
+        return self.models or (ModelChoice(provider=self.provider or "default", model=self.model),)
 
     def sub_agent(self, name: str) -> SubAgent | None:
         return next((a for a in self.agents if a.agent == name), None)

@@ -13,7 +13,6 @@ from contracts.state import (
     AgentStep,
     ExecutionState,
     PendingStep,
-    SessionContext,
     StopSignal,
     ToolExecution,
 )
@@ -31,7 +30,6 @@ def new_execution(
             session_id=request.session_id,
             parent_session_id=request.parent_session_id,
             agent=request.agent,
-            context=SessionContext(system_prompt=agent.system_prompt),
             created_at=now,
             updated_at=now,
         )
@@ -39,6 +37,7 @@ def new_execution(
         turn_id=request.turn_id,
         request=request,
         limits=request.limits.apply(agent.limits),
+        prompt_version=agent.prompt_version,
         history_start=state.history_len,
         started_at=now,
         updated_at=now,
@@ -72,6 +71,10 @@ def turn_result(
         completed_at=now,
         output=output,
         parent=ex.request.parent,
+        prompt_version=ex.prompt_version,
+        models=tuple(
+            r.step.response.model for r in ex.steps if r.step.response and r.step.response.model
+        ),
     )
 
 

@@ -136,10 +136,19 @@ def _tool_call(call: dict[str, Any]) -> ToolCall:
 class OpenAIModel:
     """``Model`` over an ``openai.AsyncOpenAI`` client."""
 
-    def __init__(self, client: AsyncOpenAI, *, model: str, bad_response_retries: int = 2) -> None:
+    def __init__(
+        self,
+        client: AsyncOpenAI,
+        *,
+        model: str,
+        bad_response_retries: int = 2,
+        provider: str | None = None,
+    ) -> None:
         self.client = client
         self.default_model = model
         self.bad_response_retries = bad_response_retries
+        self.provider = provider
+        """Recorded on each answer (``ModelResponse.provider``); ``None`` for ``default``."""
 
     def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
         """Encode the request now; the answer comes from the returned awaitable, which holds
@@ -153,7 +162,12 @@ class OpenAIModel:
             started = time.monotonic()
             try:
                 response = await self.client.request(httpx2.Response, options)
-                return parse_completion(orjson.loads(response.content), time.monotonic() - started)
+                answer = parse_completion(
+                    orjson.loads(response.content), time.monotonic() - started
+                )
+                if self.provider is not None:
+                    answer = answer.model_copy(update={"provider": self.provider})
+                return answer
             except openai.APIStatusError as exc:
                 raise ModelError(
                     f"model endpoint answered {exc.status_code}: {_short(exc.message)}",
