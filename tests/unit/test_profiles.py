@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +15,10 @@ from contracts.messages import ChatMessage
 from contracts.state import AgentStep, ModelResponse
 from contracts.tools import ToolContext
 from tests.unit.world import calls, last_user, request, says, tool_results, world
+from worker.agents import AgentProfiles
 from worker.errors import ModelError
 from worker.guards import ContentGuard, ContentGuardConfig, ToolGuard, ToolGuardConfig
+from worker.hooksets import HookSets
 from worker.loop import Hook, HookContext
 from worker.loop.hooks import Hooks
 from worker.loop.ports import ModelRequest
@@ -281,3 +284,47 @@ async def test_the_router_falls_back_on_errors_retries_did_not_fix(
     assert response.provider == answered
     assert [r.model for r in backup.asked] == ["small"]
     assert fell == [("default", code)]
+
+
+# -- the example of docs/hooks.md ---------------------------------------------------------------
+
+
+def install_example(tmp_path: Path) -> None:
+    """The python block of docs/hooks.md as the module mypkg.guards under ``tmp_path``."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "hooks.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "guards.py").write_text(code)
+
+
+async def test_the_hook_example_in_the_docs_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_example(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    profiles = AgentProfiles.model_validate(
+        {
+            "agents": [
+                {
+                    "name": "a",
+                    "hooks": ["mypkg.guards:NoRefundsOver"],
+                    "hook_config": {"mypkg.guards:NoRefundsOver": {"limit": 100}},
+                }
+            ]
+        }
+    )
+    hook = HookSets(profiles).for_agent("a")
+    asked = iter([calls_tool("refund", amount=500), says("a refund of 50"), says("checked: 50")])
+    w = world(
+        {"agents": [{"name": "a", "limits": {"empty_streak_after": 0}}]},
+        {"a": lambda r: next(asked)},
+        hook,
+        tools={"refund": echo_tool},
+    )
+    await w.run(request("a", "refund me"))
+    history = [(m.role, m.content) for m in w.store.histories["S1"]]
+    assert history[2] == ("tool", json.dumps({"error": "blocked: refunds over 100 need a human"}))
+    assert history[-2][0] == "user" and "no refund over the limit" in (history[-2][1] or "")
+    assert w.result("T1").content == "checked: 50"
