@@ -328,3 +328,19 @@ async def test_the_hook_example_in_the_docs_runs(
     assert history[2] == ("tool", json.dumps({"error": "blocked: refunds over 100 need a human"}))
     assert history[-2][0] == "user" and "no refund over the limit" in (history[-2][1] or "")
     assert w.result("T1").content == "checked: 50"
+
+
+async def test_a_spent_budget_ends_the_turn_whatever_a_hook_asks() -> None:
+    hook = Signals({i: ("continue",) for i in range(10)}, note="again")
+    w = world(
+        {"agents": [{"name": "a", "budget": {"max_total_tokens": 15}}]},
+        {"a": lambda r: says("answer", tokens=10)},
+        hook,
+    )
+    await w.run(request("a", "go"))
+    result = w.result("T1")
+    # two answers continued (10, then 20 tokens: checked before each call, the budget holds
+    # for the second); before the third call it is spent: that last call's answer ends the
+    # turn though the hook asked for more
+    assert (result.finish_reason, result.stopped_by) == ("budget", "turn.max_total_tokens")
+    assert result.steps == 3

@@ -20,7 +20,6 @@ from contracts.messages import ToolCall
 from contracts.state import (
     AgentState,
     ExecutionState,
-    ModelResponse,
     PendingStep,
     ToolExecution,
     ToolOutcome,
@@ -347,27 +346,6 @@ class ToolRunner:
             call_id=execution.call_id,
             at=execution.completed_at,  # the saved record's time: a re-published event is the same
         )
-
-
-def unique_call_ids(response: ModelResponse, ex: ExecutionState, step: int) -> ModelResponse:
-    """Tool call ids unique within the turn. The id is part of the call's idempotency key, so a
-    server that reuses ids (``call_0`` in every step) would otherwise get an earlier call's
-    stored reply; a reused or repeated id is suffixed with the step and position."""
-    calls = response.message.tool_calls
-    if not calls:
-        return response
-    seen = {e.call_id for record in ex.steps for e in record.step.tool_executions}
-    fixed = []
-    for position, call in enumerate(calls):
-        call_id = call.id
-        if call_id in seen:
-            call_id = f"{call.id[:200]}-{step}-{position}"
-        seen.add(call_id)
-        fixed.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
-    if fixed == list(calls):
-        return response
-    message = response.message.model_copy(update={"tool_calls": tuple(fixed)})
-    return response.model_copy(update={"message": message})
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -12,6 +12,7 @@ from contracts.state import (
     AgentState,
     AgentStep,
     ExecutionState,
+    ModelResponse,
     PendingStep,
     StopSignal,
     ToolExecution,
@@ -162,3 +163,24 @@ def recorded_step(
         errors=tuple(f"{e.name}: {e.error}" for e in kept if e.outcome in ("error", "unknown")),
     )
     return step, tool_messages
+
+
+def unique_call_ids(response: ModelResponse, ex: ExecutionState, step: int) -> ModelResponse:
+    """Tool call ids unique within the turn. The id is part of the call's idempotency key, so a
+    server that reuses ids (``call_0`` in every step) would otherwise get an earlier call's
+    stored reply; a reused or repeated id is suffixed with the step and position."""
+    calls = response.message.tool_calls
+    if not calls:
+        return response
+    seen = {e.call_id for record in ex.steps for e in record.step.tool_executions}
+    fixed = []
+    for position, call in enumerate(calls):
+        call_id = call.id
+        if call_id in seen:
+            call_id = f"{call.id[:200]}-{step}-{position}"
+        seen.add(call_id)
+        fixed.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
+    if fixed == list(calls):
+        return response
+    message = response.message.model_copy(update={"tool_calls": tuple(fixed)})
+    return response.model_copy(update={"message": message})

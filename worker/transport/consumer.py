@@ -38,8 +38,8 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from contracts import topology as t
-from contracts.base import SAFE_ID_PATTERN, Contract
-from contracts.codec import DecodeError, decode, decode_obj, encode
+from contracts.base import SAFE_ID_PATTERN
+from contracts.codec import DecodeError, decode, decode_obj
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import UNKNOWN, TurnRejected, make_event
 from contracts.turns import TurnRequest
@@ -50,6 +50,7 @@ from worker.errors import PermanentError, RetryableError, StaleStateError
 from worker.loop import EventSink
 from worker.metrics import WorkerMetrics
 from worker.sequencer import SessionSequencer
+from worker.transport.outbox import Outbox
 from worker.transport.publish import Publisher, properties
 
 log = logging.getLogger("loopwire.consumer")
@@ -100,6 +101,7 @@ class Consumer:
         self.work = work
         self.publisher = publisher
         """Confirmed publishes to the default exchange: next steps, replies, retries."""
+        self.outbox = Outbox(publisher)
         self.dead_letters = dead_letters
         """Confirmed publishes to the dead-letter exchange."""
         self.events = events
@@ -206,23 +208,8 @@ class Consumer:
     async def _perform(self, actions: list[Action]) -> Settlement:
         settlement: Settlement = Ack()
         for action in actions:
-            if isinstance(action, Step):
-                await self.publish_step(action.work)
-            elif isinstance(action, Reply):
-                await self.publisher.publish(
-                    encode(action.result),
-                    routing_key=action.reply_to,
-                    properties=properties(
-                        content_type=t.CONTENT_TYPE,
-                        delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
-                        correlation_id=action.result.turn_id,
-                        message_type="turn.result",
-                    ),
-                )
-            elif isinstance(action, Delay):
-                await self.publish_wait(action.work)
-            elif isinstance(action, Start | Control):
-                await self.publish_turn_message(action)
+            if isinstance(action, Step | Reply | Delay | Start | Control):
+                await self.outbox.send(action)
             elif isinstance(action, Busy):
                 log.debug("session busy; retrying later")
                 settlement = Retry("busy")
@@ -230,63 +217,6 @@ class Consumer:
                 log.debug("dropping work: %s", action.reason)
                 self.metrics.dropped.labels(action.code).inc()
         return settlement
-
-    async def publish_step(self, work: StepWork) -> None:
-        await self.publisher.publish(
-            encode(work),
-            routing_key=t.TURNS_QUEUE,
-            mandatory=True,
-            properties=properties(
-                content_type=t.CONTENT_TYPE,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={t.H_KIND: t.KIND_STEP},
-                message_id=f"{work.turn_id}:{work.step}",
-            ),
-        )
-
-    async def publish_turn_message(self, action: Start | Control) -> None:
-        """A child turn's request, a child's result for its parent, a cancel for a child."""
-        body: Contract
-        if isinstance(action, Start):
-            body, kind, message_id = action.request, t.KIND_START, action.request.turn_id
-        elif isinstance(action.message, TurnChildResult):
-            message = action.message
-            body, kind = message, t.KIND_CHILD_RESULT
-            message_id = f"{message.parent.turn_id}:{message.parent.call_id}:result"
-        else:
-            body, kind, message_id = (
-                action.message,
-                t.KIND_CANCEL,
-                f"{action.message.turn_id}:cancel",
-            )
-        await self.publisher.publish(
-            encode(body),
-            routing_key=t.TURNS_QUEUE,
-            mandatory=True,
-            properties=properties(
-                content_type=t.CONTENT_TYPE,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={t.H_KIND: kind},
-                message_id=message_id,
-            ),
-        )
-
-    async def publish_wait(self, work: StepWork) -> None:
-        """A parked turn's timeout message, through the wait queue whose delay fits best (it
-        hops on until it is due, then comes back to ``loopwire.turns``)."""
-        assert work.wait_until is not None
-        bucket = t.wait_bucket(work.wait_until - time.time())
-        await self.publisher.publish(
-            encode(work),
-            routing_key=t.wait_queue(bucket),
-            mandatory=True,
-            properties=properties(
-                content_type=t.CONTENT_TYPE,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={t.H_KIND: t.KIND_STEP},
-                message_id=f"{work.turn_id}:{work.step}:wait",
-            ),
-        )
 
     async def _retry(
         self, message: AbstractIncomingMessage, headers: dict[str, Any], retry: Retry

@@ -1,0 +1,99 @@
+"""What the sequencer asks to publish, on the wire: the next step, a reply to a publisher, a
+parked turn's timeout through the wait queues, a child turn's request, and the control
+messages between parents and children. Every publish is confirmed (``Publisher``); the
+consumer acks the work message only after all of them."""
+
+from __future__ import annotations
+
+import time
+
+import aio_pika
+
+from contracts import topology as t
+from contracts.base import Contract
+from contracts.codec import encode
+from contracts.control import TurnChildResult
+from contracts.work import StepWork
+from worker.actions import Control, Delay, Reply, Start, Step
+from worker.transport.publish import Publisher, properties
+
+
+class Outbox:
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
+
+    async def send(self, action: Step | Reply | Delay | Start | Control) -> None:
+        if isinstance(action, Step):
+            await self.publish_step(action.work)
+        elif isinstance(action, Reply):
+            await self.publisher.publish(
+                encode(action.result),
+                routing_key=action.reply_to,
+                properties=properties(
+                    content_type=t.CONTENT_TYPE,
+                    delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
+                    correlation_id=action.result.turn_id,
+                    message_type="turn.result",
+                ),
+            )
+        elif isinstance(action, Delay):
+            await self.publish_wait(action.work)
+        else:
+            await self.publish_turn_message(action)
+
+    async def publish_step(self, work: StepWork) -> None:
+        await self.publisher.publish(
+            encode(work),
+            routing_key=t.TURNS_QUEUE,
+            mandatory=True,
+            properties=properties(
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={t.H_KIND: t.KIND_STEP},
+                message_id=f"{work.turn_id}:{work.step}",
+            ),
+        )
+
+    async def publish_turn_message(self, action: Start | Control) -> None:
+        """A child turn's request, a child's result for its parent, a cancel for a child."""
+        body: Contract
+        if isinstance(action, Start):
+            body, kind, message_id = action.request, t.KIND_START, action.request.turn_id
+        elif isinstance(action.message, TurnChildResult):
+            message = action.message
+            body, kind = message, t.KIND_CHILD_RESULT
+            message_id = f"{message.parent.turn_id}:{message.parent.call_id}:result"
+        else:
+            body, kind, message_id = (
+                action.message,
+                t.KIND_CANCEL,
+                f"{action.message.turn_id}:cancel",
+            )
+        await self.publisher.publish(
+            encode(body),
+            routing_key=t.TURNS_QUEUE,
+            mandatory=True,
+            properties=properties(
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={t.H_KIND: kind},
+                message_id=message_id,
+            ),
+        )
+
+    async def publish_wait(self, work: StepWork) -> None:
+        """A parked turn's timeout message, through the wait queue whose delay fits best (it
+        hops on until it is due, then comes back to ``loopwire.turns``)."""
+        assert work.wait_until is not None
+        bucket = t.wait_bucket(work.wait_until - time.time())
+        await self.publisher.publish(
+            encode(work),
+            routing_key=t.wait_queue(bucket),
+            mandatory=True,
+            properties=properties(
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={t.H_KIND: t.KIND_STEP},
+                message_id=f"{work.turn_id}:{work.step}:wait",
+            ),
+        )
