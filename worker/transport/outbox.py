@@ -42,17 +42,7 @@ class Outbox:
             await self.publish_turn_message(action)
 
     async def publish_step(self, work: StepWork) -> None:
-        await self.publisher.publish(
-            encode(work),
-            routing_key=t.TURNS_QUEUE,
-            mandatory=True,
-            properties=properties(
-                content_type=t.CONTENT_TYPE,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={t.H_KIND: t.KIND_STEP},
-                message_id=f"{work.turn_id}:{work.step}",
-            ),
-        )
+        await self._work(work, t.TURNS_QUEUE, t.KIND_STEP, f"{work.turn_id}:{work.step}")
 
     async def publish_turn_message(self, action: Start | Control) -> None:
         """A child turn's request, a child's result for its parent, a cancel for a child."""
@@ -64,36 +54,29 @@ class Outbox:
             body, kind = message, t.KIND_CHILD_RESULT
             message_id = f"{message.parent.turn_id}:{message.parent.call_id}:result"
         else:
-            body, kind, message_id = (
-                action.message,
-                t.KIND_CANCEL,
-                f"{action.message.turn_id}:cancel",
-            )
-        await self.publisher.publish(
-            encode(body),
-            routing_key=t.TURNS_QUEUE,
-            mandatory=True,
-            properties=properties(
-                content_type=t.CONTENT_TYPE,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={t.H_KIND: kind},
-                message_id=message_id,
-            ),
-        )
+            body, kind = action.message, t.KIND_CANCEL
+            message_id = f"{action.message.turn_id}:cancel"
+        await self._work(body, t.TURNS_QUEUE, kind, message_id)
 
     async def publish_wait(self, work: StepWork) -> None:
         """A parked turn's timeout message, through the wait queue whose delay fits best (it
         hops on until it is due, then comes back to ``loopwire.turns``)."""
         assert work.wait_until is not None
         bucket = t.wait_bucket(work.wait_until - time.time())
+        await self._work(
+            work, t.wait_queue(bucket), t.KIND_STEP, f"{work.turn_id}:{work.step}:wait"
+        )
+
+    async def _work(self, body: Contract, queue: str, kind: str, message_id: str) -> None:
+        """Turn work, persistent, to ``queue`` (mandatory: a queue that is gone fails it)."""
         await self.publisher.publish(
-            encode(work),
-            routing_key=t.wait_queue(bucket),
+            encode(body),
+            routing_key=queue,
             mandatory=True,
             properties=properties(
                 content_type=t.CONTENT_TYPE,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={t.H_KIND: t.KIND_STEP},
-                message_id=f"{work.turn_id}:{work.step}:wait",
+                headers={t.H_KIND: kind},
+                message_id=message_id,
             ),
         )
