@@ -35,6 +35,7 @@ from contracts.base import Contract
 from contracts.codec import DecodeError, decode, encode
 from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
+from contracts.session_client import Sessions
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 
 log = logging.getLogger("loopwire.client")
@@ -214,6 +215,14 @@ class LoopwireClient:
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
         self._waiting: dict[str, TurnHandle] = {}
+        self._sessions: Sessions | None = None
+
+    @property
+    def sessions(self) -> Sessions:
+        """Sessions as a resource: ``get``, ``history``, ``turns``, ``result``, ``delete``."""
+        if self._sessions is None:
+            self._sessions = Sessions(self.channel)
+        return self._sessions
 
     async def __aenter__(self) -> LoopwireClient:
         await self.connect()

@@ -38,6 +38,7 @@ EventType = Literal[
     "budget.exhausted",
     "child.started",
     "child.finished",
+    "session.deleted",
 ]
 EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -78,6 +79,21 @@ class StepCompleted(Contract):
         default=None,
         description="The provider that answered, when not 'default'.",
         exclude_if=lambda value: value is None,
+    )
+    input_messages: int | None = Field(
+        default=None,
+        description="With a context budget: the messages the model was sent.",
+        exclude_if=lambda value: value is None,
+    )
+    input_tokens_estimate: int | None = Field(
+        default=None,
+        description="With a context budget: the estimated tokens the model was sent.",
+        exclude_if=lambda value: value is None,
+    )
+    summarized: bool = Field(
+        default=False,
+        description="Whether a summary was sent in place of older messages.",
+        exclude_if=lambda value: not value,
     )
 
 
@@ -148,6 +164,15 @@ class ChildFinished(Contract):
     duration_s: float
 
 
+class SessionDeleted(Contract):
+    """A session was deleted: everything of it is gone from Redis."""
+
+    session_id: SafeId
+    reason: str
+    by: str | None = None
+    deleted_keys: int
+
+
 class TurnRejected(Contract):
     reason: str = Field(max_length=2000)
     code: str = Field(max_length=64)
@@ -166,6 +191,7 @@ EventData = (
     | BudgetExhausted
     | ChildStarted
     | ChildFinished
+    | SessionDeleted
 )
 
 

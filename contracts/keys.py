@@ -71,6 +71,12 @@ def tool_call(idempotency_key: str) -> str:
     return f"{PREFIX}:toolcall:{{{idempotency_key}}}"
 
 
+def tool_calls_of_turn(turn_id: str) -> str:
+    """SCAN pattern (with a trailing ``*``) of every ``tool_call`` key, and its lease, of one
+    turn's calls (their idempotency keys are ``<turn_id>:<call id>``)."""
+    return f"{PREFIX}:toolcall:{{{turn_id}:*"
+
+
 def tool_registry() -> str:
     """Hash instance id → msgpack ``ToolAnnouncement``: live tool services (heartbeat)."""
     return f"{PREFIX}:tools:registry"

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import Event
+from contracts.sessions import SessionDelete, SessionQuery, SessionReply
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.turns import TurnRequest, TurnResult
@@ -25,6 +26,9 @@ PUBLIC_CONTRACTS: dict[str, type[BaseModel]] = {
     "TurnCancel": TurnCancel,
     "TurnDecision": TurnDecision,
     "TurnChildResult": TurnChildResult,
+    "SessionQuery": SessionQuery,
+    "SessionDelete": SessionDelete,
+    "SessionReply": SessionReply,
     "Event": Event,
     "ToolDefinition": ToolDefinition,
     "ToolCallRequest": ToolCallRequest,

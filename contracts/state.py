@@ -75,7 +75,22 @@ class ToolExecution(Contract):
         return max(0.0, self.completed_at - self.started_at)
 
 
-class AgentStep(Contract):
+class ContextUse(Contract):
+    """What a step sent the model, when its agent has a context budget."""
+
+    sent_tokens: int | None = Field(
+        default=None,
+        description="The estimated tokens the model was sent (with a context budget).",
+        exclude_if=lambda value: value is None,
+    )
+    summarized: bool = Field(
+        default=False,
+        description="Whether a summary was sent in place of older messages.",
+        exclude_if=lambda value: not value,
+    )
+
+
+class AgentStep(ContextUse):
     """One step: what the model saw and said, and the tools it ran."""
 
     index: int = Field(ge=0)
@@ -115,7 +130,7 @@ class StepExecution(Contract):
         return max(0.0, self.completed_at - self.started_at)
 
 
-class PendingStep(Contract):
+class PendingStep(ContextUse):
     """The step in progress, saved between its phases."""
 
     index: int = Field(ge=0)
@@ -205,6 +220,12 @@ class ExecutionState(Contract):
     output_repairs: int = Field(
         default=0, ge=0, description="Invalid structured answers sent back to the model so far."
     )
+    context_forced: bool = Field(
+        default=False,
+        description="The model said the last request was too long: the step is sent again "
+        "with half of it.",
+        exclude_if=lambda value: not value,
+    )
     budget_spent: str | None = Field(
         default=None,
         description="The budget found spent ('turn.max_total_tokens' …): the turn's last model "
@@ -242,6 +263,15 @@ class Spend(Contract):
 NO_SPEND: Final = Spend()
 
 
+class ContextSummary(Contract):
+    """What the session's oldest messages said, as one model call summarized them: it stands
+    for the history's messages before ``upto`` in what is sent."""
+
+    text: str = Field(max_length=100_000)
+    upto: int = Field(ge=0)
+    made_at: float
+
+
 class SessionContext(Contract):
     """What the session carries besides its messages."""
 
@@ -275,6 +305,17 @@ class AgentState(Contract):
     history_len: int = Field(default=0, ge=0)
     execution_count: int = Field(default=0, ge=0)
     spent: Spend = Field(default=NO_SPEND, description="What the session's turns spent.")
+    summary: ContextSummary | None = Field(
+        default=None,
+        description="With a summarize context budget: the summary sent for the oldest messages.",
+        exclude_if=lambda value: value is None,
+    )
+    token_ratio: float | None = Field(
+        default=None,
+        gt=0,
+        description="The last model answer's prompt_tokens over the estimate of what it was sent.",
+        exclude_if=lambda value: value is None,
+    )
     version: int = Field(default=0, ge=0)
     created_at: float
     updated_at: float

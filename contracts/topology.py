@@ -11,6 +11,10 @@ DEAD_LETTER_EXCHANGE: Final = "loopwire.turns.dlx"
 DEAD_LETTER_QUEUE: Final = "loopwire.turns.dead"
 """Rejected and poison work, bound to the dead-letter exchange, with an ``x-loopwire-reason`` header."""
 
+SESSIONS_QUEUE: Final = "loopwire.sessions"
+"""Quorum queue of session reads (``contracts.sessions.SessionQuery``), answered by any worker
+to the message's ``reply_to``."""
+
 TOOLS_EXCHANGE: Final = "loopwire.tools"
 """Direct exchange for tool calls; routing key = tool name."""
 
@@ -40,6 +44,8 @@ KIND_CANCEL: Final = "turn.cancel"
 """A control message (``contracts.control.TurnCancel``): end a turn wherever it is."""
 KIND_DECISION: Final = "turn.decision"
 """A control message (``contracts.control.TurnDecision``): decide a call a turn waits on."""
+KIND_SESSION_DELETE: Final = "session.delete"
+"""A ``contracts.sessions.SessionDelete``: delete a session once its turns are cancelled."""
 KIND_CHILD_RESULT: Final = "turn.child_result"
 """A control message (``contracts.control.TurnChildResult``): a child turn's result, for its
 parent."""

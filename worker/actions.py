@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contracts.control import TurnCancel, TurnChildResult
+from contracts.sessions import SessionReply
 from contracts.turns import TurnRequest, TurnResult
 from contracts.work import StepWork
 
@@ -55,6 +56,15 @@ class Control:
 
 
 @dataclass(frozen=True, slots=True)
+class Answer:
+    """Send this answer to a request's reply queue (a ``SessionReply``)."""
+
+    reply_to: str
+    correlation_id: str
+    body: SessionReply
+
+
+@dataclass(frozen=True, slots=True)
 class Drop:
     """Nothing to do (a duplicate or stale message): ack it."""
 
@@ -64,7 +74,7 @@ class Drop:
     ``missing_request``."""
 
 
-Action = Step | Reply | Busy | Drop | Delay | Start | Control
+Action = Step | Reply | Busy | Drop | Delay | Start | Control | Answer
 
 
 def first_step(session_id: str, turn_id: str) -> Step:

@@ -35,15 +35,18 @@ from worker.redaction.vault import RedisVault
 from worker.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
 from worker.session.port import StepSession
+from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
 from worker.settings import Settings, price_table
 from worker.transport.broker_gate import BrokerGate
 from worker.transport.catalog import RegistryCatalog
 from worker.transport.consumer import Consumer
 from worker.transport.events import AmqpEventSink
+from worker.transport.outbox import Outbox
 from worker.transport.publish import ConfirmedPublisher
 from worker.transport.rpc import ToolRPC
-from worker.transport.topology import TURNS_ARGUMENTS, declare
+from worker.transport.session_reads import SessionReads
+from worker.transport.topology import SESSIONS_ARGUMENTS, TURNS_ARGUMENTS, declare
 
 log = logging.getLogger("loopwire.worker")
 
@@ -151,6 +154,7 @@ class Worker:
                     limiter=limiter,
                 )
 
+            records = SessionRecords(redis)
             work = SessionSequencer(
                 store=store,
                 leases=LeaseKeeper(
@@ -161,6 +165,7 @@ class Worker:
                 events=sink,
                 observer=self.metrics,
                 deliver=redaction.deliver_for(source.redaction_configs),
+                records=records,
             )
             consumer = Consumer(
                 work=work,
@@ -177,6 +182,14 @@ class Worker:
             # and its consumer after a reconnect
             queue = await consume_channel.declare_queue(
                 t.TURNS_QUEUE, durable=True, arguments=TURNS_ARGUMENTS
+            )
+            reads_queue = await consume_channel.declare_queue(
+                t.SESSIONS_QUEUE, durable=True, arguments=SESSIONS_ARGUMENTS
+            )
+            reads = SessionReads(
+                records,
+                Outbox(ConfirmedPublisher(publish_channel)),
+                ConfirmedPublisher(publish_channel, t.DEAD_LETTER_EXCHANGE),
             )
 
             if s.http_port:
@@ -206,6 +219,7 @@ class Worker:
                 background.add(asyncio.create_task(trimmer.run()))
             collector.tune(s.gc_young_threshold)  # what was built so far lives as long as we do
             tag = await queue.consume(consumer.handle)
+            reads_tag = await reads_queue.consume(reads.handle)
             self.consuming = True
             log.info("worker consuming %s (prefetch %d)", t.TURNS_QUEUE, s.prefetch)
             if on_ready is not None:
@@ -213,6 +227,7 @@ class Worker:
             await self.stopping.wait()
             log.info("stopping: no new work; %d step(s) in hand", len(self.in_flight))
             await queue.cancel(tag)
+            await reads_queue.cancel(reads_tag)
             self.consuming = False
             await self._drain(s.grace_s)
         finally:

@@ -11,7 +11,8 @@ result was saved), ``step_saved`` (a step was saved, the next step's message not
 published yet), ``before_ack`` (everything of a step was saved and published,
 the work message not acked yet), ``cancel_recorded`` (a ``turn.cancel`` was
 recorded, not applied yet), ``decision_recorded`` (likewise a ``turn.decision``),
-``child_result_recorded`` (likewise a ``turn.child_result``),
+``child_result_recorded`` (likewise a ``turn.child_result``), ``summary_saved`` (a context
+summary was made and saved, the step's model call not made yet),
 ``parked`` (a turn was saved parked, nothing announced or sent yet), ``resumed``
 (a parked turn was saved going on, its tools not run yet). Unset in production: then ``hit`` is a no-op.
 """

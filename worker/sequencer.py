@@ -38,6 +38,7 @@ from worker import failpoints
 from worker.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step, first_step
 from worker.agents import AgentProfile, ProfileLookup
 from worker.controls import Controls
+from worker.erasure import Erasure, Forget
 from worker.errors import PermanentError
 from worker.loop import EventSink, Finished, Loop, StepOutcome, Waiting, new_execution
 from worker.loop.output import check_schema
@@ -45,6 +46,7 @@ from worker.loop.ports import LoopObserver
 from worker.loop.turn import turn_of
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
+from worker.session.records import SessionRecords
 
 log = logging.getLogger("loopwire.sequencer")
 
@@ -56,7 +58,7 @@ async def _as_is(result: TurnResult) -> TurnResult:
     return result
 
 
-class SessionSequencer(Controls):
+class SessionSequencer(Controls, Erasure):
     def __init__(
         self,
         *,
@@ -68,7 +70,13 @@ class SessionSequencer(Controls):
         clock: Callable[[], float] = time.time,
         deliver: Deliver = _as_is,
         observer: LoopObserver | None = None,
+        records: SessionRecords | None = None,
+        forget: Forget | None = None,
     ) -> None:
+        self.records = records
+        """The session's records, for deleting a session (none: deletions are refused)."""
+        self.forget = forget
+        """Forgets a deleted session's memories, where a memory store is configured."""
         self.observer = observer or LoopObserver()
         """Hears of the turns ended here rather than by a loop (a queued turn cancelled)."""
         self.store = store

@@ -150,7 +150,7 @@ class WorkerProcess:
 
 
 async def run_past_a_crash(
-    client: Any, model_url: str, agents: Path, point: str, agent: str, text: str
+    client: Any, model_url: str, agents: Path, point: str, agent: str, text: str, **options: Any
 ) -> tuple[Any, WorkerProcess]:
     """A turn started on a worker that dies at failpoint ``point`` and finished by a second
     worker, started only then: the result, and the survivor (to check its log)."""
@@ -160,7 +160,7 @@ async def run_past_a_crash(
     survivor = WorkerProcess(model_url=model_url, agents_file=agents)
     await doomed.start()
     try:
-        handle = await client.start_turn(agent, text)
+        handle = await client.start_turn(agent, text, **options)
         assert await doomed.exited() == 137, "the worker did not reach its failpoint"
         await survivor.start()
         result = await handle.result(40)

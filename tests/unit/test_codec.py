@@ -40,6 +40,7 @@ from contracts.events import (
     ChildStarted,
     Event,
     EventData,
+    SessionDeleted,
     StepCompleted,
     ToolInvoked,
     ToolInvoking,
@@ -680,6 +681,9 @@ EVENT_DATA: dict[str, EventData] = {
     ),
     "budget.exhausted": BudgetExhausted(
         budget="turn.max_tool_calls", limit=3, used=3, final_call=True
+    ),
+    "session.deleted": SessionDeleted(
+        session_id="S1", reason="erasure request", by="dpo", deleted_keys=12
     ),
     "child.started": ChildStarted(
         call_id="call_1", turn_id="T1-c1", session_id="S1-c1", agent="researcher"

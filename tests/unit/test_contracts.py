@@ -31,6 +31,7 @@ from contracts.events import (
     ChildStarted,
     Event,
     EventData,
+    SessionDeleted,
     StepCompleted,
     ToolInvoked,
     ToolInvoking,
@@ -123,6 +124,9 @@ EVENT_DATA: dict[str, EventData] = {
     "approval.decided": ApprovalDecided(call_id="c1", decision="approve", by="maria"),
     "budget.exhausted": BudgetExhausted(
         budget="turn.max_tool_calls", limit=3, used=3, final_call=True
+    ),
+    "session.deleted": SessionDeleted(
+        session_id="S1", reason="erasure request", by="dpo", deleted_keys=12
     ),
     "child.started": ChildStarted(
         call_id="call_1", turn_id="T1-c1", session_id="S1-c1", agent="researcher"

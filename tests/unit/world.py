@@ -64,11 +64,11 @@ class ByAgent:
         system = request.messages[0].content or ""
         agent = system.removeprefix("agent:")
         self.requests.append((agent, request))
-        return self._answer(self.answers[agent](request))
+        return self._answer(self.answers[agent], request)
 
     @staticmethod
-    async def _answer(response: ModelResponse) -> ModelResponse:
-        return response
+    async def _answer(answer: Answer, request: ModelRequest) -> ModelResponse:
+        return answer(request)  # raises in the awaitable, as a real model's error does
 
     def asked(self, agent: str) -> list[ModelRequest]:
         return [r for a, r in self.requests if a == agent]

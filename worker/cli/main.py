@@ -102,6 +102,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the triage workflow: a classifier routes to agents, one of which asks another",
     )
 
+    session = sub.add_parser("session", help="a session: its summary, history, deletion")
+    session_sub = session.add_subparsers(dest="session_command", metavar="COMMAND", required=True)
+    for verb, what in (
+        ("show", "its summary and turns"),
+        ("history", "its newest messages"),
+        ("delete", "delete it (its turns cancelled first)"),
+    ):
+        one = session_sub.add_parser(verb, help=what)
+        one.add_argument("session_id", help="the session's id")
+        one.add_argument("--json", action="store_true", help="JSON instead of text")
+        one.add_argument("--yes", action="store_true", help="(delete) no second thoughts")
+        one.add_argument("--limit", type=int, default=50, help="(history) how many messages")
+    result = sub.add_parser("result", help="a finished turn's result, by its id")
+    result.add_argument("turn_id", help="the turn's id")
+    result.add_argument("--json", action="store_true", help="JSON instead of the answer's text")
+
     agents = sub.add_parser("agents", help="check or list an agents file as a worker loads it")
     agents_sub = agents.add_subparsers(dest="agents_command", metavar="COMMAND", required=True)
     check = agents_sub.add_parser("check", help="validate it (exit 2 with every problem listed)")
@@ -124,7 +140,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from worker.errors import CliError
 
-    if args.command in ("turn", "tail", "dlq", "cancel", "approvals", "approve", "reject"):
+    if args.command in (
+        "turn",
+        "tail",
+        "dlq",
+        "cancel",
+        "approvals",
+        "approve",
+        "reject",
+        "session",
+        "result",
+    ):
         # the client libraries' own log lines would duplicate our one-line errors
         logging.basicConfig(level=logging.CRITICAL)
     try:
@@ -138,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command in ("dlq", "session", "result", "agents"):
+        return _resources(args)
     if args.command == "worker":
         from worker.app import main as worker_main
 
@@ -204,12 +232,6 @@ def _run(args: argparse.Namespace) -> int:
                 tree=args.tree,
             )
         )
-    if args.command == "dlq":
-        return _dlq(args)
-    if args.command == "agents":
-        from worker.cli.agents import run_agents_command
-
-        return run_agents_command(args.agents_command, args.file, as_json=args.json)
     if args.command == "demo":
         from worker.cli.demo import DEFAULT_QUESTION, WORKFLOW_QUESTION, run_demo
 
@@ -243,3 +265,29 @@ def _dlq(args: argparse.Namespace) -> int:
         raise CliError(f"no dead-lettered message with id {args.id!r} (see 'loopwire dlq list')")
     print(f"replayed {found.id} (turn {found.turn_id or '-'}) to the turn queue")
     return 0
+
+
+def _resources(args: argparse.Namespace) -> int:
+    """Dead letters, sessions, results, agents files."""
+    if args.command == "dlq":
+        return _dlq(args)
+    if args.command == "agents":
+        from worker.cli.agents import run_agents_command
+
+        return run_agents_command(args.agents_command, args.file, as_json=args.json)
+    from worker.cli.sessions import run_result_command, run_session_command
+
+    if args.command == "result":
+        return asyncio.run(
+            run_result_command(amqp_url=args.amqp_url, turn_id=args.turn_id, as_json=args.json)
+        )
+    return asyncio.run(
+        run_session_command(
+            amqp_url=args.amqp_url,
+            command=args.session_command,
+            session_id=args.session_id,
+            as_json=args.json,
+            yes=args.yes,
+            limit=args.limit,
+        )
+    )

@@ -19,6 +19,7 @@ from contracts.state import AgentState, AgentStep, StepExecution, StopSignal, To
 from contracts.turns import FinishReason, TurnError
 from worker.errors import ModelError
 from worker.loop.composer import Composer
+from worker.loop.context import too_long
 from worker.loop.guards import apply_empty_streak
 from worker.loop.hooks import HookContext
 from worker.loop.outcomes import Finished, ModelCall, RunAgain, StepOutcome, Waiting
@@ -130,12 +131,17 @@ class Completion(Composer):
 
     async def _model_failed(
         self, call: ModelCall, agent: AgentSpec, exc: ModelError
-    ) -> Finished | Waiting:
+    ) -> Finished | Waiting | RunAgain:
         """A model call that failed for good ends the turn with ``error``; the step is recorded
         with its error (and announced, ``step.completed``). A 429 parks the turn instead, for
         as long as the endpoint asked."""
         state = call.parked.unpark()
         ex = turn_of(state)
+        if too_long(str(exc)) and not ex.context_forced:
+            # the request did not fit the model's context: once more, with half of it
+            log.warning("the model found turn %s's request too long: trimming it", ex.turn_id)
+            forced = with_execution(state, context_forced=True)
+            return RunAgain(await self._save(forced, release=True))
         if exc.retry_after is not None:
             observe(self.observer.throttled, ex.request.agent, "429")
             return await self._throttle(state, min(exc.retry_after, MAX_RETRY_AFTER_S))

@@ -38,7 +38,7 @@ from contracts.state import (
 from contracts.turns import TurnError
 from worker.loop.budgets import configured, first_spent
 from worker.loop.children import is_child_call, plan_children
-from worker.loop.gates import Gates
+from worker.loop.fitting import Fitting
 from worker.loop.hooks import Blocked, HookContext, ToolInvocation
 from worker.loop.outcomes import RunAgain, StepOutcome, Waiting
 from worker.loop.ports import observe
@@ -51,7 +51,7 @@ Gated = tuple[AgentState, tuple[ToolExecution, ...]] | Waiting
 it is parked."""
 
 
-class Composer(Gates):
+class Composer(Fitting):
     """Mixed into ``Loop``: the children gate and the workflow step."""
 
     __slots__ = ()

@@ -155,6 +155,8 @@ class Loop(Completion):
         phase = await ready
         if isinstance(phase, ModelCall):
             phase = await self._after_model(phase, agent)
+            if isinstance(phase, RunAgain) and turn_of(phase.state).pending is None:
+                return phase  # the step is to be sent again (its request was too long)
         if isinstance(phase, Finished | Waiting):
             return phase
         state = phase.state
@@ -217,6 +219,11 @@ class Loop(Completion):
         if ctx.stop_signal is not None:  # e.g. a guard judged the input: no model call
             stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self.end(stopped, agent, "stop", ex.last_content)
+        fitted = None
+        if agent.context.max_tokens is not None or ex.context_forced:
+            fitted = await self._fit(state, agent, messages)
+            state, messages = fitted.state, fitted.messages
+            ex = turn_of(state)
         if ex.budget_spent is None:
             offered = [d for d in await self.catalog.available() if agent.allows(d.name)]
             if agent.agents:  # the agents it may call are tools too (and win a clash of names)
@@ -240,6 +247,9 @@ class Loop(Completion):
             offered=tuple(d.name for d in offered),
             started=started,
             called=self.clock(),
+            sent_tokens=fitted.tokens if fitted is not None else None,
+            raw_tokens=fitted.raw_tokens if fitted is not None else None,
+            summarized=fitted.summarized if fitted is not None else False,
         )
 
     async def _redispatch(self, state: AgentState) -> AgentState:
@@ -314,7 +324,13 @@ class Loop(Completion):
             response=response,
             offered=call.offered,
             dispatched_at=self.clock(),
+            sent_tokens=call.sent_tokens,
+            summarized=call.summarized,
         )
+        if call.raw_tokens and response.usage.prompt_tokens:
+            # what the estimate missed by, for the next one (``worker.loop.context``)
+            ratio = response.usage.prompt_tokens / call.raw_tokens
+            state = state.model_copy(update={"token_ratio": ratio})
         state = with_execution(
             state,
             pending=pending,
@@ -322,6 +338,7 @@ class Loop(Completion):
             cost_usd=ex.cost_usd + self.price(call.model, response.usage),
             last_content=content if content else ex.last_content,
             stop_signal=ex.stop_signal or ctx.stop_signal,
+            context_forced=False,
         )
         return RunAgain(await self._save(state, append=[response.message]))
 

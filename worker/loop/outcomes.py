@@ -55,6 +55,10 @@ class ModelCall:
     offered: tuple[str, ...]
     started: float
     called: float
+    sent_tokens: int | None = None
+    """With a context budget: the estimated tokens sent (unscaled: ``raw_tokens``)."""
+    raw_tokens: int | None = None
+    summarized: bool = False
 
 
 Phase = RunAgain | Finished | ModelCall | Waiting

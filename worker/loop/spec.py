@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from contracts.base import AgentName, Contract, SafeId
 from contracts.turns import NO_BUDGET, Budget, LoopLimits
+from worker.loop.context import NO_CONTEXT_BUDGET, ContextBudget
 from worker.loop.workflow import Workflow
 
 
@@ -124,6 +125,9 @@ class AgentSpec(Contract):
         ge=1,
         le=32,
         description="How deep a tree of child turns under this agent's turns may grow.",
+    )
+    context: ContextBudget = Field(
+        default=NO_CONTEXT_BUDGET, description="How much of the conversation a request may send."
     )
     workflow: Workflow | None = Field(
         default=None, description="Set for a workflow: it runs its nodes instead of a model."

@@ -157,6 +157,8 @@ def recorded_step(
     step = AgentStep(
         index=pending.index,
         input_count=pending.input_count,
+        sent_tokens=pending.sent_tokens,
+        summarized=pending.summarized,
         output_messages=(response.message, *tool_messages),
         response=response,
         tool_executions=kept,

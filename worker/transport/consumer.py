@@ -42,10 +42,11 @@ from contracts.base import SAFE_ID_PATTERN
 from contracts.codec import DecodeError, decode, decode_obj
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import UNKNOWN, TurnRejected, make_event
+from contracts.sessions import SessionDelete
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
 from worker import failpoints
-from worker.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step
+from worker.actions import Action, Answer, Busy, Control, Delay, Drop, Reply, Start, Step
 from worker.errors import PermanentError, RetryableError, StaleStateError
 from worker.loop import EventSink
 from worker.metrics import WorkerMetrics
@@ -55,7 +56,7 @@ from worker.transport.publish import Publisher, properties
 
 log = logging.getLogger("loopwire.consumer")
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
-_CONTROL_KINDS = (t.KIND_CANCEL, t.KIND_DECISION, t.KIND_CHILD_RESULT)
+_CONTROL_KINDS = (t.KIND_CANCEL, t.KIND_DECISION, t.KIND_CHILD_RESULT, t.KIND_SESSION_DELETE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +191,8 @@ class Consumer:
             return await self.work.on_decision(decode(body, TurnDecision))
         if kind == t.KIND_CHILD_RESULT:
             return await self.work.on_child_result(decode(body, TurnChildResult))
+        if kind == t.KIND_SESSION_DELETE:
+            return await self.work.on_session_delete(decode(body, SessionDelete))
         raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
 
     async def _settle(
@@ -208,7 +211,7 @@ class Consumer:
     async def _perform(self, actions: list[Action]) -> Settlement:
         settlement: Settlement = Ack()
         for action in actions:
-            if isinstance(action, Step | Reply | Delay | Start | Control):
+            if isinstance(action, Step | Reply | Delay | Start | Control | Answer):
                 await self.outbox.send(action)
             elif isinstance(action, Busy):
                 log.debug("session busy; retrying later")

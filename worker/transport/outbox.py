@@ -14,7 +14,7 @@ from contracts.base import Contract
 from contracts.codec import encode
 from contracts.control import TurnChildResult
 from contracts.work import StepWork
-from worker.actions import Control, Delay, Reply, Start, Step
+from worker.actions import Answer, Control, Delay, Reply, Start, Step
 from worker.transport.publish import Publisher, properties
 
 
@@ -22,8 +22,10 @@ class Outbox:
     def __init__(self, publisher: Publisher) -> None:
         self.publisher = publisher
 
-    async def send(self, action: Step | Reply | Delay | Start | Control) -> None:
-        if isinstance(action, Step):
+    async def send(self, action: Step | Reply | Delay | Start | Control | Answer) -> None:
+        if isinstance(action, Answer):
+            await self.answer(action.reply_to, action.correlation_id, action.body)
+        elif isinstance(action, Step):
             await self.publish_step(action.work)
         elif isinstance(action, Reply):
             await self.publisher.publish(
@@ -40,6 +42,19 @@ class Outbox:
             await self.publish_wait(action.work)
         else:
             await self.publish_turn_message(action)
+
+    async def answer(self, reply_to: str, correlation_id: str, body: Contract) -> None:
+        """An answer to a request (a ``SessionReply``), to its reply queue."""
+        await self.publisher.publish(
+            encode(body),
+            routing_key=reply_to,
+            properties=properties(
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
+                correlation_id=correlation_id,
+                message_type="session.reply",
+            ),
+        )
 
     async def publish_step(self, work: StepWork) -> None:
         await self._work(work, t.TURNS_QUEUE, t.KIND_STEP, f"{work.turn_id}:{work.step}")

@@ -16,6 +16,12 @@ TURNS_ARGUMENTS: dict[str, Any] = {
     "x-overflow": "reject-publish",
     "x-delivery-limit": t.TURN_DELIVERY_LIMIT,
 }
+SESSIONS_ARGUMENTS: dict[str, Any] = {
+    "x-queue-type": "quorum",
+    "x-dead-letter-exchange": t.DEAD_LETTER_EXCHANGE,
+    "x-dead-letter-strategy": "at-least-once",
+    "x-delivery-limit": t.TURN_DELIVERY_LIMIT,
+}
 RETRY_ARGUMENTS: dict[str, Any] = {
     "x-queue-type": "quorum",
     "x-dead-letter-exchange": "",
@@ -53,6 +59,7 @@ async def declare(channel: AbstractChannel) -> Topology:
     )
     await dead.bind(dead_letter, routing_key="#")
     turns = await channel.declare_queue(t.TURNS_QUEUE, durable=True, arguments=TURNS_ARGUMENTS)
+    await channel.declare_queue(t.SESSIONS_QUEUE, durable=True, arguments=SESSIONS_ARGUMENTS)
     await channel.declare_queue(t.RETRY_QUEUE, durable=True, arguments=RETRY_ARGUMENTS)
     for seconds in t.WAIT_BUCKETS_S:
         await channel.declare_queue(

@@ -1,0 +1,91 @@
+"""Deleting a session (``session.delete`` on ``loopwire.turns``), the sequencer's part.
+
+The session's unfinished turns are cancelled first, through the one cancel path: a queued
+turn ends at once, the running or parked one at its next step or lease renewal (each with its
+``turn.cancelled`` event and its replies). Until none is left the message goes back to the
+delay queue (``Busy``) and is judged again: no worker waits. Then, under the session's lease
+(so that no step writes meanwhile), every record of the session is erased
+(``worker.session.records``), its session-scoped memories are forgotten where a memory store
+is configured, ``session.deleted`` is announced, and ``reply_to`` gets a ``SessionReply``.
+A session that does not exist is deleted as well: nothing is left of it either way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from contracts.control import TurnCancel
+from contracts.events import UNKNOWN, SessionDeleted, make_event
+from contracts.sessions import SessionDelete, SessionReply
+from worker.actions import Action, Answer, Busy
+from worker.loop import EventSink
+from worker.session.port import SessionStore
+from worker.session.records import SessionRecords
+
+log = logging.getLogger("loopwire.sequencer")
+
+Forget = Callable[[str], Awaitable[int]]
+"""Forget a session's memories (``tool_services.memory``); the number forgotten."""
+
+
+class Erasure:
+    """Mixed into ``SessionSequencer``: what it has that this uses."""
+
+    store: SessionStore
+    events: EventSink
+    clock: Callable[[], float]
+    records: SessionRecords | None
+    forget: Forget | None
+
+    async def on_cancel(self, cancel: TurnCancel) -> list[Action]:
+        raise NotImplementedError
+
+    async def on_session_delete(self, order: SessionDelete) -> list[Action]:
+        if self.records is None:
+            raise RuntimeError("this sequencer has no session records to erase")
+        session_id = order.session_id
+        unfinished = await self.records.unfinished(session_id)
+        if unfinished:
+            actions: list[Action] = []
+            for turn_id in unfinished:
+                actions += await self.on_cancel(
+                    TurnCancel(
+                        turn_id=turn_id, session_id=session_id, reason=order.reason, by=order.by
+                    )
+                )
+            return [*actions, Busy()]  # judged again once they have ended
+        session = await self.store.take(session_id)
+        if session is None:
+            return [Busy()]
+        state = session.take_state()
+        deleted = await self.records.erase(session_id)  # the lease with it
+        session.released = True
+        if self.forget is not None:
+            await self.forget(session_id)
+        event = make_event(
+            "session.deleted",
+            SessionDeleted(
+                session_id=session_id,
+                reason=order.reason,
+                by=order.by,
+                deleted_keys=deleted,
+            ),
+            agent=state.agent if state is not None else UNKNOWN,
+            time=self.clock(),
+            session_id=session_id,
+        )
+        try:
+            await self.events.emit(event)
+        except Exception:
+            log.exception("could not publish session.deleted for %s", session_id)
+        log.info("session %s deleted (%d keys)", session_id, deleted)
+        if order.reply_to is None:
+            return []
+        reply = SessionReply(ok=True, deleted_keys=deleted)
+        return [Answer(order.reply_to, delete_correlation(session_id), reply)]
+
+
+def delete_correlation(session_id: str) -> str:
+    """The correlation id of the reply to a session's deletion."""
+    return f"delete:{session_id}"

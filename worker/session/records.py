@@ -1,0 +1,160 @@
+"""A session's records read and erased as a resource (``contracts.sessions``), straight from
+Redis: reads take no lease and never wait for a running turn; erasure is run by the sequencer
+once no turn of the session runs, under its lease.
+
+Erasure deletes every key with the session's hash tag (state, history, results, queue,
+requests, replies, controls, the redaction mapping, the notes and their idempotency record,
+the lease and fence), and what its turns left outside it: each turn's session index, the
+tool-call idempotency records of its calls (``lw:toolcall:{<turn id>:<call id>}``) and its
+entries in the list of calls waiting for a decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from redis.asyncio import Redis
+
+from contracts import keys
+from contracts.codec import decode, read_stored
+from contracts.messages import ChatMessage
+from contracts.sessions import SessionSummary, TurnInfo, TurnStatus
+from contracts.state import AgentState
+from contracts.turns import TurnResult
+from worker.loop.transcript import StoredMessages
+from worker.session.handle import _bytes, _unpack
+
+SCAN_COUNT = 500
+
+
+class SessionRecords:
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def state(self, session_id: str) -> AgentState | None:
+        blob = await self.redis.hget(keys.session_state(session_id), "s")
+        return read_stored(_bytes(blob), AgentState) if blob else None
+
+    async def summary(self, session_id: str) -> SessionSummary | None:
+        state = await self.state(session_id)
+        if state is None:
+            return None
+        queue = [_text(t) for t in await self.redis.lrange(keys.session_queue(session_id), 0, -1)]
+        ex = state.execution
+        running = queue[0] if queue else None
+        return SessionSummary(
+            session_id=session_id,
+            agent=state.agent,
+            turns=state.execution_count,
+            history_len=state.history_len,
+            spent=state.spent,
+            created_at=state.created_at,
+            updated_at=state.updated_at,
+            running=running,
+            parked=bool(ex is not None and ex.turn_id == running and ex.status == "waiting"),
+            queued=max(0, len(queue) - 1),
+        )
+
+    async def history(
+        self, session_id: str, offset: int, limit: int, newest_first: bool
+    ) -> tuple[list[ChatMessage], int]:
+        """A page of the history (oldest first, or newest first), and the history's length."""
+        key = keys.session_history(session_id)
+        total = int(await self.redis.llen(key))
+        if newest_first:
+            stop, start = total - 1 - offset, max(0, total - offset - limit)
+        else:
+            start, stop = offset, min(total, offset + limit) - 1
+        if start > stop or start >= total:
+            return [], total
+        items = await self.redis.lrange(key, start, stop)
+        messages = list(StoredMessages(_unpack(items)))
+        return (messages[::-1] if newest_first else messages), total
+
+    async def turns(self, session_id: str) -> list[TurnInfo]:
+        statuses = await self.redis.hgetall(keys.session_turns(session_id))
+        queue = [_text(t) for t in await self.redis.lrange(keys.session_queue(session_id), 0, -1)]
+        state = await self.state(session_id) if queue else None
+        found: list[TurnInfo] = []
+        done = [_text(t) for t, s in statuses.items() if _text(s) == "done"]
+        results = await self._results(session_id, done)
+        for raw, raw_status in statuses.items():
+            turn_id, stored = _text(raw), _text(raw_status)
+            status: TurnStatus = "done" if stored == "done" else "queued"
+            if stored != "done" and queue and turn_id == queue[0]:
+                ex = state.execution if state else None
+                parked = ex is not None and ex.turn_id == turn_id and ex.status == "waiting"
+                status = "waiting" if parked else "running"
+            result = results.get(turn_id)
+            found.append(
+                TurnInfo(
+                    turn_id=turn_id,
+                    status=status,
+                    finish_reason=result.finish_reason if result else None,
+                )
+            )
+        order = {t: i for i, t in enumerate(queue)}
+        return sorted(
+            found, key=lambda t: (t.status != "done", order.get(t.turn_id, -1), t.turn_id)
+        )
+
+    async def result(self, turn_id: str, session_id: str | None = None) -> TurnResult | None:
+        if session_id is None:
+            found = await self.redis.get(keys.turn_session(turn_id))
+            if not found:
+                return None
+            session_id = _text(found)
+        blob = await self.redis.get(keys.turn_result(session_id, turn_id))
+        return decode(_bytes(blob), TurnResult) if blob else None
+
+    async def unfinished(self, session_id: str) -> list[str]:
+        """The session's turns not finished yet, the running one first."""
+        return [_text(t) for t in await self.redis.lrange(keys.session_queue(session_id), 0, -1)]
+
+    async def erase(self, session_id: str) -> int:
+        """Delete everything of the session; the number of keys deleted."""
+        turn_ids = [_text(t) for t in await self.redis.hkeys(keys.session_turns(session_id))]
+        doomed: list[str] = []
+        async for key in self._scan(f"{keys.PREFIX}:{{{session_id}}}:*"):
+            doomed.append(key)
+        for turn_id in turn_ids:
+            doomed.append(keys.turn_session(turn_id))
+            async for key in self._scan(keys.tool_calls_of_turn(turn_id)):
+                doomed.append(key)
+        deleted = 0
+        for start in range(0, len(doomed), SCAN_COUNT):
+            deleted += int(await self.redis.unlink(*doomed[start : start + SCAN_COUNT]))
+        waiting = keys.approvals_waiting()
+        for turn_id in turn_ids:
+            fields = [
+                _text(f) async for f, _ in self.redis.hscan_iter(waiting, match=f"{turn_id}:*")
+            ]
+            if fields:
+                await self.redis.hdel(waiting, *fields)
+        return deleted
+
+    async def _scan(self, pattern: str) -> AsyncIterator[str]:
+        async for key in self.redis.scan_iter(match=_glob(pattern), count=SCAN_COUNT):
+            yield _text(key)
+
+    async def _results(self, session_id: str, turn_ids: list[str]) -> dict[str, TurnResult]:
+        if not turn_ids:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for turn_id in turn_ids:
+                pipe.get(keys.turn_result(session_id, turn_id))
+            blobs = await pipe.execute()
+        return {t: decode(_bytes(b), TurnResult) for t, b in zip(turn_ids, blobs, strict=True) if b}
+
+
+def _glob(pattern: str) -> str:
+    """``pattern`` with the glob characters of its literal part escaped (its last ``*`` is the
+    wildcard): a call id may hold any printable character."""
+    literal, star = (pattern[:-1], "*") if pattern.endswith("*") else (pattern, "")
+    for char in "\\[]?*":
+        literal = literal.replace(char, "\\" + char)
+    return literal + star
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,103 @@
+"""Session reads on the broker: every worker consumes ``loopwire.sessions`` and answers each
+``SessionQuery`` with a ``SessionReply`` to its ``reply_to`` (its ``correlation_id`` kept).
+
+A read takes no lease, so it never waits for a running turn, and reads what was last saved. A
+query that cannot be read (not msgpack, not the schema) is dead-lettered with its reason like
+any bad input, and, when it names a ``reply_to``, answered with ``ok: false`` and
+``code: bad_request`` so that its publisher does not wait; a session or turn that does not
+exist is ``ok: false``, ``code: not_found``. Redis being away sends the query back to the
+queue (it is read again).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage
+from redis.exceptions import RedisError
+
+from contracts import topology as t
+from contracts.codec import DecodeError, decode
+from contracts.sessions import SessionQuery, SessionReply
+from worker.session.records import SessionRecords
+from worker.transport.outbox import Outbox
+from worker.transport.publish import Publisher, properties
+
+log = logging.getLogger("loopwire.sessions")
+
+
+async def answer(records: SessionRecords, query: SessionQuery) -> SessionReply:
+    if query.op == "result":
+        assert query.turn_id is not None
+        result = await records.result(query.turn_id, query.session_id)
+        if result is None:
+            return _missing(f"no result for turn {query.turn_id}")
+        return SessionReply(ok=True, result=result)
+    assert query.session_id is not None
+    summary = await records.summary(query.session_id)
+    if summary is None:
+        return _missing(f"no session {query.session_id}")
+    if query.op == "get":
+        return SessionReply(ok=True, summary=summary)
+    if query.op == "turns":
+        return SessionReply(ok=True, turns=tuple(await records.turns(query.session_id)))
+    messages, total = await records.history(
+        query.session_id, query.offset, query.limit, query.newest_first
+    )
+    return SessionReply(ok=True, messages=tuple(messages), total=total)
+
+
+class SessionReads:
+    def __init__(self, records: SessionRecords, outbox: Outbox, dead_letters: Publisher) -> None:
+        self.records = records
+        self.outbox = outbox
+        self.dead_letters = dead_letters
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        reply_to, correlation = message.reply_to, message.correlation_id or ""
+        try:
+            query = decode(message.body, SessionQuery)
+        except DecodeError as exc:
+            await self._dead_letter(message, exc.reason, exc.code)
+            if reply_to:
+                bad = SessionReply(ok=False, code="bad_request", error=exc.reason[:2000])
+                await self.outbox.answer(reply_to, correlation, bad)
+            await message.ack()
+            return
+        try:
+            reply = await answer(self.records, query)
+        except (RedisError, ConnectionError) as exc:
+            log.warning("session read failed, it goes back to the queue: %s", exc)
+            await message.nack(requeue=True)
+            return
+        if reply_to:
+            await self.outbox.answer(reply_to, correlation, reply)
+        await message.ack()
+
+    async def _dead_letter(self, message: AbstractIncomingMessage, reason: str, code: str) -> None:
+        log.warning("dead-lettering a session query (%s): %s", code, reason)
+        await self.dead_letters.publish(
+            message.body,
+            routing_key=t.SESSIONS_QUEUE,
+            properties=properties(
+                content_type=message.content_type,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={
+                    **dict(message.headers or {}),
+                    t.H_DEAD_ID: uuid.uuid4().hex[:16],
+                    t.H_REASON: reason.replace("\n", " ")[:1000],
+                    t.H_REASON_CODE: code,
+                    t.H_REJECTED_AT: time.time(),
+                },
+                message_id=message.message_id,
+                correlation_id=message.correlation_id,
+                reply_to=message.reply_to,
+            ),
+        )
+
+
+def _missing(error: str) -> SessionReply:
+    return SessionReply(ok=False, code="not_found", error=error)
