@@ -39,6 +39,7 @@ EventType = Literal[
     "child.started",
     "child.finished",
     "session.deleted",
+    "memory.updated",
 ]
 EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -173,6 +174,14 @@ class SessionDeleted(Contract):
     deleted_keys: int
 
 
+class MemoryUpdated(Contract):
+    """The memory service remembered or forgot a memory (never its text)."""
+
+    scope: Literal["session", "user", "agent"]
+    memory_id: str
+    action: Literal["remembered", "forgotten"]
+
+
 class TurnRejected(Contract):
     reason: str = Field(max_length=2000)
     code: str = Field(max_length=64)
@@ -192,6 +201,7 @@ EventData = (
     | ChildStarted
     | ChildFinished
     | SessionDeleted
+    | MemoryUpdated
 )
 
 

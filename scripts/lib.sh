@@ -53,4 +53,24 @@ ensure_services() {
         fi
         wait_port 127.0.0.1 5672 RabbitMQ
     fi
+    # PostgreSQL: the memory service's store (docs/memory.md)
+    if ! port_open 127.0.0.1 5432; then
+        if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
+            echo "starting PostgreSQL on 127.0.0.1:5432" >&2
+            pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+        elif command -v pg_ctl >/dev/null; then
+            # a cluster of our own, owned by the postgres user (it refuses to run as root)
+            data="${LOOPWIRE_PG_DATA:-/tmp/loopwire-pg}"
+            if [ ! -s "$data/PG_VERSION" ]; then
+                mkdir -p "$data" && chown postgres "$data" 2>/dev/null || true
+                su postgres -c "initdb -D '$data' -A trust -U postgres" >/dev/null
+            fi
+            su postgres -c "pg_ctl -D '$data' -o '-p 5432 -k /tmp -c listen_addresses=127.0.0.1' -l '$data/log' start" >/dev/null
+        else
+            echo "error: PostgreSQL is not reachable on 127.0.0.1:5432 and is not installed" >&2
+            echo "       install it (e.g. 'apt-get install postgresql') for the memory service" >&2
+            return 1
+        fi
+        wait_port 127.0.0.1 5432 PostgreSQL
+    fi
 }

@@ -34,6 +34,7 @@ from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
 from worker.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
+from worker.session.memories import SessionMemories
 from worker.session.port import StepSession
 from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
@@ -155,6 +156,7 @@ class Worker:
                 )
 
             records = SessionRecords(redis)
+            memories = SessionMemories(s.memory.database_url) if s.memory.database_url else None
             work = SessionSequencer(
                 store=store,
                 leases=LeaseKeeper(
@@ -166,6 +168,7 @@ class Worker:
                 observer=self.metrics,
                 deliver=redaction.deliver_for(source.redaction_configs),
                 records=records,
+                forget=memories.forget if memories is not None else None,
             )
             consumer = Consumer(
                 work=work,
@@ -239,6 +242,8 @@ class Worker:
                 await health.stop()
             for client in clients:
                 await client.close()
+            if memories is not None:
+                await memories.close()
             await connection.close()
             await redis.aclose()
 

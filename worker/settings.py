@@ -83,6 +83,14 @@ class ProviderSettings(ModelSettings):
         return self.api_key.get_secret_value()
 
 
+class MemorySettings(BaseModel):
+    database_url: str | None = Field(
+        default=None,
+        description="The memory service's database: a deleted session's memories are forgotten "
+        "there too (none: no memory service).",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="LOOPWIRE_", env_nested_delimiter="__", extra="ignore"
@@ -144,6 +152,7 @@ class Settings(BaseSettings):
         default=9464, ge=0, le=65535, description="Port of /metrics, /livez, /readyz (0: off)."
     )
     model: ModelSettings = ModelSettings()
+    memory: MemorySettings = MemorySettings()
     providers: dict[str, ProviderSettings] = Field(
         default_factory=dict,
         description="Named model endpoints besides 'default' (LOOPWIRE_MODEL__*), as JSON: "

@@ -1,4 +1,9 @@
-"""The ``subagent`` scenario: what a step costs when it calls a sub-agent instead of a tool.
+"""Scenarios of features a step may use, each against loopwire without it, in alternating
+order at the first session count: ``subagent`` (a step calling a sub-agent instead of a tool)
+and ``context`` (a context budget: configured and never reached, and cutting the 40-message
+history on every step).
+
+``subagent``: what a step costs when it calls a sub-agent instead of a tool.
 
 Two loopwire targets under the same load, in alternating order: the bench agent calling the
 calculator tool in every step (the step scenario's workload), and the bench agent calling the
@@ -29,35 +34,36 @@ def _per_parent_step(window: Window) -> tuple[float, float]:
     return 1000 * window.worker_cpu_s / steps, 1000 * (window.worker_cpu_s + others) / steps
 
 
-async def subagent(ctx: Any) -> dict[str, Any]:
+def _targets(ctx: Any, variants: dict[str, dict[str, Any]]) -> list[LoopwireTarget]:
+    """loopwire as the step scenario runs it, then one target per variant (its options)."""
     plan = ctx.plan
-    sessions = plan.step_sessions[0]
-    await ctx.model.configure(delay=0)
-    common = {
+    common: dict[str, Any] = {
         "prefetch": plan.prefetch,
         "steps": plan.steps,
         "agents_dir": ctx.agents_dir,
         "extra_env": {"LOOPWIRE_GRACE_S": "3"},
         "source": ctx.source,
     }
-    tool = LoopwireTarget(ctx.shared, ctx.model, **common)
-    child = LoopwireTarget(
-        ctx.shared,
-        ctx.model,
-        **common,
-        variant="subagent",
-        agent_extra={"tools": [], "agents": [SUB_AGENT]},
-        extra_agents=(HELPER,),
-    )
-    windows: dict[str, list[Window]] = {tool.name: [], child.name: []}
-    for r in range(plan.rounds):  # one at a time: both consume the same turn queue
-        for target in (tool, child) if r % 2 == 0 else (child, tool):
+    targets = [LoopwireTarget(ctx.shared, ctx.model, **common)]
+    for name, options in variants.items():
+        targets.append(LoopwireTarget(ctx.shared, ctx.model, **common, variant=name, **options))
+    return targets
+
+
+async def _measured(ctx: Any, targets: list[LoopwireTarget]) -> dict[str, list[Window]]:
+    """A window of each target per round, in alternating order, one target at a time (they
+    all consume the same turn queue)."""
+    plan = ctx.plan
+    await ctx.model.configure(delay=0)
+    windows: dict[str, list[Window]] = {t.name: [] for t in targets}
+    for r in range(plan.rounds):
+        for target in targets if r % 2 == 0 else list(reversed(targets)):
             target.profile_dir = ctx.profile_dir
             try:
                 await target.start(1)
                 window = await ctx.driver.measure(
                     target,
-                    sessions=sessions,
+                    sessions=plan.step_sessions[0],
                     warmup_s=plan.step_warmup_s,
                     window_s=plan.step_window_s,
                 )
@@ -65,6 +71,55 @@ async def subagent(ctx: Any) -> dict[str, Any]:
                 target.stop()
                 target.workers, target.helpers = [], []
             windows[target.name].append(window)
+    return windows
+
+
+async def context(ctx: Any) -> dict[str, Any]:
+    """A context budget never reached (every step estimates its request) and one that cuts the
+    40-message history (about 5,000 tokens) to 2,000 on every step, against none."""
+    targets = _targets(
+        ctx,
+        {
+            "context-unreached": {"agent_extra": {"context": {"max_tokens": 10**6}}},
+            "context-window": {
+                "agent_extra": {"context": {"max_tokens": 2000, "strategy": "window"}}
+            },
+        },
+    )
+    windows = await _measured(ctx, targets)
+    base = median([w.cpu_ms_per_step for w in windows[targets[0].name]])
+    out: dict[str, Any] = {}
+    rows = []
+    for name, found in windows.items():
+        cpu = median([w.cpu_ms_per_step for w in found])
+        out[name] = {
+            "cpu_ms_per_step": cpu,
+            "ratio": ratio(cpu, base),
+            "rounds": [w.as_dict() for w in found],
+        }
+        rows.append((name, cpu, ratio(cpu, base), [round(w.cpu_ms_per_step, 2) for w in found]))
+    ctx.tables.append(
+        table(
+            f"A context budget, {ctx.plan.step_sessions[0]} sessions (loopwire: none)",
+            ("system", "cpu ms/step", "vs none", "per round"),
+            rows,
+        )
+    )
+    return out
+
+
+async def subagent(ctx: Any) -> dict[str, Any]:
+    sessions = ctx.plan.step_sessions[0]
+    tool, child = _targets(
+        ctx,
+        {
+            "subagent": {
+                "agent_extra": {"tools": [], "agents": [SUB_AGENT]},
+                "extra_agents": (HELPER,),
+            }
+        },
+    )
+    windows = await _measured(ctx, [tool, child])
     out: dict[str, Any] = {}
     rows = []
     base_worker = median([_per_parent_step(w)[0] for w in windows[tool.name]])

@@ -31,6 +31,7 @@ from contracts.events import (
     ChildStarted,
     Event,
     EventData,
+    MemoryUpdated,
     SessionDeleted,
     StepCompleted,
     ToolInvoked,
@@ -125,6 +126,7 @@ EVENT_DATA: dict[str, EventData] = {
     "budget.exhausted": BudgetExhausted(
         budget="turn.max_tool_calls", limit=3, used=3, final_call=True
     ),
+    "memory.updated": MemoryUpdated(scope="user", memory_id="m1", action="remembered"),
     "session.deleted": SessionDeleted(
         session_id="S1", reason="erasure request", by="dpo", deleted_keys=12
     ),

@@ -221,7 +221,7 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_services_are_found_by_name() -> None:
-    assert available() == ["calculator", "notes", "search"]
+    assert available() == ["calculator", "memory", "notes", "search"]
     factory = load_factory("calculator")
     assert list(factory().tools) == ["calculate"]
     with pytest.raises(LookupError, match="unknown tool service"):

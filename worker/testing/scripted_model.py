@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import itertools
 import json
+import math
+import re
 import signal
 import time
 from collections import deque
@@ -64,11 +67,27 @@ def _error_response(
     )
 
 
+EMBEDDING_DIMENSIONS = 64
+
+
+def embedding_of(text: str) -> list[float]:
+    """A unit vector of the text's words, each hashed into one of 64 dimensions: texts that
+    share words point the same way. Deterministic: every server gives the same vector."""
+    vector = [0.0] * EMBEDDING_DIMENSIONS
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        digest = hashlib.sha256(word.encode()).digest()
+        vector[digest[0] % EMBEDDING_DIMENSIONS] += 1.0 if digest[1] % 2 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
+
+
 class ScriptedModel:
     """An OpenAI-compatible chat-completions server answering from a script."""
 
     def __init__(self, *, model: str = "scripted-model") -> None:
         self.model = model
+        self.embedded = 0
+        """Texts embedded so far (``/v1/embeddings``)."""
         self.requests: list[dict[str, Any]] = []
         self.failures: list[str] = []
         self._expectations: deque[_Expectation] = deque()
@@ -89,6 +108,7 @@ class ScriptedModel:
         app = web.Application(client_max_size=_CLIENT_MAX_SIZE)
         app.router.add_post("/v1/chat/completions", self._handle_chat)
         app.router.add_get("/v1/models", self._handle_models)
+        app.router.add_post("/v1/embeddings", self._handle_embeddings)
         app.router.add_get("/healthz", self._handle_health)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT)
         await runner.setup()
@@ -102,6 +122,22 @@ class ScriptedModel:
         self._runner = runner
         self._base_url = f"http://{bound_host}:{bound_port}/v1"
         return self._base_url
+
+    async def _handle_embeddings(self, request: web.Request) -> web.Response:
+        """``POST /v1/embeddings``: deterministic vectors (``embedding_of``), so that texts that
+        share words are close; counted in ``embedded``."""
+        body = await request.json()
+        given = body.get("input")
+        texts = [given] if isinstance(given, str) else list(given or [])
+        self.embedded += len(texts)
+        data = [
+            {"object": "embedding", "index": i, "embedding": embedding_of(str(text))}
+            for i, text in enumerate(texts)
+        ]
+        usage = {"prompt_tokens": sum(len(str(t)) // 4 for t in texts), "total_tokens": 0}
+        return web.json_response(
+            {"object": "list", "data": data, "model": body.get("model", self.model), "usage": usage}
+        )
 
     async def stop(self) -> None:
         """Stop the server (idempotent); in-flight delayed replies are cut short."""

@@ -1,0 +1,5 @@
+import sys
+
+from tool_services.runner import serve
+
+sys.exit(serve("memory"))

@@ -1,0 +1,34 @@
+"""A deleted session's memories, forgotten in the memory service's database (the session's
+deletion, ``worker.erasure``, calls ``forget``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+
+from contracts.memory_table import FORGET_SESSION
+
+
+class SessionMemories:
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._pool: asyncpg.Pool | None = None
+        self._lock = asyncio.Lock()
+
+    async def forget(self, session_id: str) -> int:
+        """Forget the session's memories; the number forgotten (0 before the table exists)."""
+        async with self._lock:
+            if self._pool is None:
+                self._pool = await asyncpg.create_pool(
+                    self.database_url, min_size=0, max_size=2, command_timeout=10
+                )
+        try:
+            status = await self._pool.execute(FORGET_SESSION, session_id)
+        except asyncpg.UndefinedTableError:
+            return 0
+        return int(status.split()[-1])
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
