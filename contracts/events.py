@@ -40,8 +40,14 @@ EventType = Literal[
     "child.finished",
     "session.deleted",
     "memory.updated",
+    "model.requested",
+    "model.responded",
+    "state.updated",
 ]
 EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-defined]
+OPT_IN_EVENTS: tuple[EventType, ...] = ("model.requested", "model.responded")
+"""Published only when ``LOOPWIRE_EVENTS`` names them (two more publishes a step)."""
+DEFAULT_EVENTS: tuple[EventType, ...] = tuple(t for t in EVENT_TYPES if t not in OPT_IN_EVENTS)
 
 EVENT_SOURCE = "/loopwire/worker"
 UNKNOWN = "_unknown"
@@ -182,6 +188,34 @@ class MemoryUpdated(Contract):
     action: Literal["remembered", "forgotten"]
 
 
+class ModelRequested(Contract):
+    """A step is about to call the model."""
+
+    model: str | None = Field(description="The model asked for (None: the provider's default).")
+    messages: int
+    estimated_tokens: int | None = Field(
+        default=None, description="With a context budget: the estimate of what is sent."
+    )
+
+
+class ModelResponded(Contract):
+    """The model answered a step (the answer is saved)."""
+
+    model: str = Field(description="As the endpoint named it.")
+    finish_reason: str
+    usage: Usage
+    duration_s: float
+
+
+class StateUpdated(Contract):
+    """A tool's state_updates changed the session's key-value state: which keys (never the
+    values)."""
+
+    call_id: str
+    tool: str
+    keys: tuple[str, ...]
+
+
 class TurnRejected(Contract):
     reason: str = Field(max_length=2000)
     code: str = Field(max_length=64)
@@ -202,6 +236,9 @@ EventData = (
     | ChildFinished
     | SessionDeleted
     | MemoryUpdated
+    | ModelRequested
+    | ModelResponded
+    | StateUpdated
 )
 
 

@@ -67,6 +67,11 @@ class ToolExecution(Contract):
         description="Placeholder-like tokens in the arguments that a redaction hook could not "
         "restore and passed to the tool as written (never a raw value).",
     )
+    state_keys: tuple[str, ...] = Field(
+        default=(),
+        description="The keys of the session's key-value state the call's state_updates set.",
+        exclude_if=lambda value: not value,
+    )
     started_at: float
     completed_at: float
 

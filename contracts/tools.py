@@ -30,6 +30,10 @@ class ToolDefinition(Contract):
         }
 
 
+MAX_STATE_CHARS = 16_000
+"""The session's key-value state goes with a tool call up to this size (as JSON)."""
+
+
 class ToolContext(Contract):
     """The call's context, handed to the tool function."""
 
@@ -39,6 +43,12 @@ class ToolContext(Contract):
     metadata: JsonObject = Field(default_factory=dict)
     deadline: float = Field(description="Unix time after which the caller no longer waits.")
     idempotency_key: str = Field(max_length=400)
+    state: JsonObject = Field(
+        default_factory=dict,
+        description="The session's key-value state (sent when it is at most MAX_STATE_CHARS of "
+        "JSON).",
+        exclude_if=lambda value: not value,  # added to v1: written only when set
+    )
 
 
 class ToolCallRequest(Contract):

@@ -72,6 +72,7 @@ class OwnedCall:
             idempotency_key=claim.key,
             redis=self.redis,
             takeover=claim.kind is ClaimKind.TAKEOVER,
+            state=request.context.state,
         )
         keeper = asyncio.create_task(self._keep_lease(lease_refresh_s), name=f"lease:{claim.key}")
         started = time.monotonic()

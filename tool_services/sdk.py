@@ -77,6 +77,9 @@ class CallContext:
     """The service's Redis client (bytes in, bytes out), for tools that keep state."""
     takeover: bool = False
     """True when an earlier owner of this (idempotent) call died and this run replaces it."""
+    state: Mapping[str, Any] = field(default_factory=dict)
+    """The session's key-value state as the call saw it (empty when it was over the size the
+    worker sends, ``MAX_STATE_CHARS``); a tool changes it with ``ToolResult.state_updates``."""
 
     def remaining_s(self, now: float | None = None) -> float:
         """Seconds left until the deadline (negative once it passed)."""

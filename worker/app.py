@@ -42,7 +42,7 @@ from worker.settings import Settings, price_table
 from worker.transport.broker_gate import BrokerGate
 from worker.transport.catalog import RegistryCatalog
 from worker.transport.consumer import Consumer
-from worker.transport.events import AmqpEventSink
+from worker.transport.events import AmqpEventSink, FilteredSink, enabled_events
 from worker.transport.outbox import Outbox
 from worker.transport.publish import ConfirmedPublisher
 from worker.transport.rpc import ToolRPC
@@ -117,8 +117,13 @@ class Worker:
             publish_channel = await connection.channel(publisher_confirms=True)
             rpc_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             topo = await declare(publish_channel)
-            sink = CountingSink(
-                AmqpEventSink(ConfirmedPublisher(publish_channel, topo.events.name)), self.metrics
+            announced = enabled_events(s.events)
+            sink = FilteredSink(
+                CountingSink(
+                    AmqpEventSink(ConfirmedPublisher(publish_channel, topo.events.name)),
+                    self.metrics,
+                ),
+                announced,
             )
             rpc = ToolRPC(rpc_channel, in_progress=self.metrics.tool_call_in_progress)
             await rpc.start()
@@ -153,6 +158,7 @@ class Worker:
                     price=price,
                     ledger=store,
                     limiter=limiter,
+                    announced=announced,
                 )
 
             records = SessionRecords(redis)

@@ -151,6 +151,12 @@ class Settings(BaseSettings):
     http_port: int = Field(
         default=9464, ge=0, le=65535, description="Port of /metrics, /livez, /readyz (0: off)."
     )
+    events: list[str] | None = Field(
+        default=None,
+        description='The event types published, as fnmatch patterns (JSON: ["turn.*", '
+        '"tool.*", "model.*"]); default: every type but model.requested and model.responded; '
+        "[]: none.",
+    )
     model: ModelSettings = ModelSettings()
     memory: MemorySettings = MemorySettings()
     providers: dict[str, ProviderSettings] = Field(

@@ -46,7 +46,12 @@ def _targets(ctx: Any, variants: dict[str, dict[str, Any]]) -> list[LoopwireTarg
     }
     targets = [LoopwireTarget(ctx.shared, ctx.model, **common)]
     for name, options in variants.items():
-        targets.append(LoopwireTarget(ctx.shared, ctx.model, **common, variant=name, **options))
+        env = {**common["extra_env"], **options.pop("env", {})}
+        targets.append(
+            LoopwireTarget(
+                ctx.shared, ctx.model, **{**common, "extra_env": env}, variant=name, **options
+            )
+        )
     return targets
 
 
@@ -74,18 +79,9 @@ async def _measured(ctx: Any, targets: list[LoopwireTarget]) -> dict[str, list[W
     return windows
 
 
-async def context(ctx: Any) -> dict[str, Any]:
-    """A context budget never reached (every step estimates its request) and one that cuts the
-    40-message history (about 5,000 tokens) to 2,000 on every step, against none."""
-    targets = _targets(
-        ctx,
-        {
-            "context-unreached": {"agent_extra": {"context": {"max_tokens": 10**6}}},
-            "context-window": {
-                "agent_extra": {"context": {"max_tokens": 2000, "strategy": "window"}}
-            },
-        },
-    )
+async def _compared(ctx: Any, title: str, variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each variant's CPU per step against loopwire as the step scenario runs it."""
+    targets = _targets(ctx, variants)
     windows = await _measured(ctx, targets)
     base = median([w.cpu_ms_per_step for w in windows[targets[0].name]])
     out: dict[str, Any] = {}
@@ -100,12 +96,40 @@ async def context(ctx: Any) -> dict[str, Any]:
         rows.append((name, cpu, ratio(cpu, base), [round(w.cpu_ms_per_step, 2) for w in found]))
     ctx.tables.append(
         table(
-            f"A context budget, {ctx.plan.step_sessions[0]} sessions (loopwire: none)",
-            ("system", "cpu ms/step", "vs none", "per round"),
+            f"{title}, {ctx.plan.step_sessions[0]} sessions",
+            ("system", "cpu ms/step", "vs loopwire", "per round"),
             rows,
         )
     )
     return out
+
+
+async def events(ctx: Any) -> dict[str, Any]:
+    """The default event types (loopwire), none published, and every type (the model events
+    too: two more publishes a step)."""
+    return await _compared(
+        ctx,
+        "Event types published (loopwire: the default set)",
+        {
+            "events-off": {"env": {"LOOPWIRE_EVENTS": "[]"}},
+            "events-all": {"env": {"LOOPWIRE_EVENTS": '["*"]'}},
+        },
+    )
+
+
+async def context(ctx: Any) -> dict[str, Any]:
+    """A context budget never reached (every step estimates its request) and one that cuts the
+    40-message history (about 5,000 tokens) to 2,000 on every step, against none."""
+    return await _compared(
+        ctx,
+        "A context budget (loopwire: none)",
+        {
+            "context-unreached": {"agent_extra": {"context": {"max_tokens": 10**6}}},
+            "context-window": {
+                "agent_extra": {"context": {"max_tokens": 2000, "strategy": "window"}}
+            },
+        },
+    )
 
 
 async def subagent(ctx: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import micro
-from tests.bench.composed import context, subagent
+from tests.bench.composed import context, events, subagent
 from tests.bench.controls_micro import unused_controls
 from tests.bench.held import VARIANTS as HELD_VARIANTS
 from tests.bench.load import Driver, Window
@@ -619,4 +619,5 @@ SCENARIOS = {
     "controls": controls,
     "subagent": subagent,
     "context": context,
+    "events": events,
 }

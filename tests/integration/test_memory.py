@@ -109,7 +109,7 @@ async def test_a_redone_call_remembers_once(
 ) -> None:
     await started(spawn, redis, scripted_model)
     session = new_id()
-    once = {"session_id": session, "turn_id": "t-same", "call_id": "call_same"}
+    once = {"session_id": session, "turn_id": f"t-{new_id()}", "call_id": "call_same"}
     first = await call(caller, "remember", {"text": "only once"}, **once)
     second = await call(caller, "remember", {"text": "only once"}, **once)
     assert first["id"] == second["id"]

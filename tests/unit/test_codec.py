@@ -41,7 +41,10 @@ from contracts.events import (
     Event,
     EventData,
     MemoryUpdated,
+    ModelRequested,
+    ModelResponded,
     SessionDeleted,
+    StateUpdated,
     StepCompleted,
     ToolInvoked,
     ToolInvoking,
@@ -683,6 +686,11 @@ EVENT_DATA: dict[str, EventData] = {
     "budget.exhausted": BudgetExhausted(
         budget="turn.max_tool_calls", limit=3, used=3, final_call=True
     ),
+    "model.requested": ModelRequested(model="gpt-x", messages=12, estimated_tokens=900),
+    "model.responded": ModelResponded(
+        model="gpt-x-2026", finish_reason="tool_calls", usage=Usage(), duration_s=0.75
+    ),
+    "state.updated": StateUpdated(call_id="call_1", tool="keep", keys=("cart", "step")),
     "memory.updated": MemoryUpdated(scope="user", memory_id="m1", action="remembered"),
     "session.deleted": SessionDeleted(
         session_id="S1", reason="erasure request", by="dpo", deleted_keys=12

@@ -145,6 +145,7 @@ def world(
     *,
     tools: Mapping[str, ToolFunction] | None = None,
     store: MemoryStore | None = None,
+    announced: frozenset[str] | None = None,
 ) -> World:
     """``tools``: functions the agents may call, each offered as a tool taking any arguments;
     ``store``: an earlier world's (its sessions go on)."""
@@ -160,6 +161,7 @@ def world(
         events=events,
         agents=loaded.agents,
         hooks=hooks,
+        announced=announced,
     )
     return World(sequencer, store, model, events)
 

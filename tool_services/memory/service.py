@@ -165,7 +165,8 @@ def create_service(settings: MemorySettings | None = None) -> ToolService:
 
     async def remember(args: RememberArgs, ctx: CallContext) -> ToolResult:
         owner = owner_of(args.scope, ctx)
-        memory_id = hashlib.sha256(ctx.idempotency_key.encode()).hexdigest()[:24]
+        key = f"{args.scope}\0{owner}\0{ctx.idempotency_key}"
+        memory_id = hashlib.sha256(key.encode()).hexdigest()[:24]
         vector = await memory.embed(args.text)
         store = await memory.store()
         if await store.remember(memory_id, args.scope, owner, args.text, args.tags, vector):

@@ -1,5 +1,5 @@
-"""The last phase of a step: its results judged and recorded, then whether the turn goes on;
-and a step whose model call failed.
+"""The model's answer saved (before any tool runs), or its failure; and the last phase of a
+step: its results judged and recorded, then whether the turn goes on.
 
 The empty-streak guard judges the results, ``after_step`` hooks run, and the step is recorded
 with the stop or continuation a hook gave (a continuation overrides a stop of the same step,
@@ -14,8 +14,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from contracts.events import ModelResponded
 from contracts.messages import ChatMessage
-from contracts.state import AgentState, AgentStep, StepExecution, StopSignal, ToolExecution
+from contracts.state import (
+    AgentState,
+    AgentStep,
+    PendingStep,
+    StepExecution,
+    StopSignal,
+    ToolExecution,
+)
 from contracts.turns import FinishReason, TurnError
 from worker.errors import ModelError
 from worker.loop.composer import Composer
@@ -26,7 +34,7 @@ from worker.loop.outcomes import Finished, ModelCall, RunAgain, StepOutcome, Wai
 from worker.loop.output import schema_of
 from worker.loop.ports import observe
 from worker.loop.spec import AgentSpec
-from worker.loop.turn import recorded_step, turn_of, with_execution
+from worker.loop.turn import recorded_step, turn_of, unique_call_ids, with_execution
 
 log = logging.getLogger("loopwire.loop")
 
@@ -38,9 +46,78 @@ DEADLINE_SLACK_S = 0.05
 
 
 class Completion(Composer):
-    """Mixed into ``Loop``: the step's completion."""
+    """Mixed into ``Loop``: the model's answer and the step's completion."""
 
     __slots__ = ()
+
+    announced: frozenset[str]
+
+    async def _after_model(
+        self, call: ModelCall, agent: AgentSpec
+    ) -> RunAgain | Finished | Waiting:
+        """Wait for the model's answer, then save it (before any tool runs)."""
+        try:
+            response = await call.answer
+        except ModelError as exc:
+            observe(
+                self.observer.model_failed,
+                call.model,
+                exc.code,
+                self.clock() - call.called,
+                agent.models[-1].provider if agent.models else agent.provider or "default",
+            )
+            return await self._model_failed(call, agent, exc)
+        observe(
+            self.observer.model_called,
+            response.model if response.provider else call.model,
+            response.usage,
+            self.clock() - call.called,
+            response.provider or "default",
+        )
+        state = call.parked.unpark()
+        ex = turn_of(state)
+        ctx = HookContext(state=state, agent=agent, step=call.index)
+        response = await self.hooks.after_model(ctx, response)
+        response = unique_call_ids(response, ex, call.index)
+        content = response.message.content
+        pending = PendingStep(
+            index=call.index,
+            started_at=call.started,
+            input_count=call.input_count,
+            response=response,
+            offered=call.offered,
+            dispatched_at=self.clock(),
+            sent_tokens=call.sent_tokens,
+            summarized=call.summarized,
+        )
+        if call.raw_tokens and response.usage.prompt_tokens:
+            # what the estimate missed by, for the next one (``worker.loop.context``)
+            ratio = response.usage.prompt_tokens / call.raw_tokens
+            state = state.model_copy(update={"token_ratio": ratio})
+        state = with_execution(
+            state,
+            pending=pending,
+            usage=ex.usage + response.usage,
+            cost_usd=ex.cost_usd + self.price(call.model, response.usage),
+            last_content=content if content else ex.last_content,
+            stop_signal=ex.stop_signal or ctx.stop_signal,
+            context_forced=False,
+        )
+        saved = await self._save(state, append=[response.message])
+        if "model.responded" in self.announced:
+            await self._emit(
+                "model.responded",
+                ModelResponded(
+                    model=response.model,
+                    finish_reason=response.finish_reason,
+                    usage=response.usage,
+                    duration_s=response.duration_s,
+                ),
+                saved,
+                step=call.index,
+                at=pending.dispatched_at,
+            )
+        return RunAgain(saved)
 
     async def _complete_step(
         self, state: AgentState, agent: AgentSpec, unsaved: Sequence[ToolExecution] = ()

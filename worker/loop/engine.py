@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from contracts.events import (
+    DEFAULT_EVENTS,
+    ModelRequested,
     TurnFinished,
     TurnStarted,
     finish_event_type,
@@ -36,14 +38,12 @@ from contracts.events import (
 from contracts.messages import ChatMessage
 from contracts.state import (
     AgentState,
-    PendingStep,
     StepExecution,
     StopSignal,
     ToolExecution,
     Wait,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest
-from worker.errors import ModelError
 from worker.loop.approvals import undecided
 from worker.loop.budgets import configured, turn_spend
 from worker.loop.children import agent_tools, unanswered_children
@@ -72,7 +72,6 @@ from worker.loop.turn import (
     turn_of,
     turn_result,
     unanswered,
-    unique_call_ids,
     with_execution,
 )
 
@@ -83,6 +82,7 @@ class Loop(Completion):
     """Runs steps of turns over the injected model, tools, store, events and hooks."""
 
     __slots__ = (
+        "announced",
         "catalog",
         "clock",
         "events",
@@ -110,7 +110,11 @@ class Loop(Completion):
         price: Price = free,
         ledger: SpendLedger | None = None,
         limiter: RateLimiter | None = None,
+        announced: frozenset[str] = frozenset(DEFAULT_EVENTS),
     ) -> None:
+        self.announced = announced
+        """The event types published (``LOOPWIRE_EVENTS``): the opt-in ones are not even built
+        unless named."""
         self.model = model
         self.limiter = limiter
         """The model endpoint's fleet-wide rate limits (none: not limited)."""
@@ -238,6 +242,17 @@ class Loop(Completion):
             if wait > 0:
                 observe(self.observer.throttled, ex.request.agent, "rate_limit")
                 return await self._throttle(state, wait)
+        if "model.requested" in self.announced:
+            await self._emit(
+                "model.requested",
+                ModelRequested(
+                    model=request.model,
+                    messages=len(messages),
+                    estimated_tokens=fitted.tokens if fitted is not None else None,
+                ),
+                state,
+                step=index,
+            )
         return ModelCall(
             parked=self.store.park(state),
             answer=self.model.complete(request),
@@ -288,59 +303,6 @@ class Loop(Completion):
         )
         observe(self.observer.turn_started, ex.request.agent)
         return state
-
-    async def _after_model(
-        self, call: ModelCall, agent: AgentSpec
-    ) -> RunAgain | Finished | Waiting:
-        """Wait for the model's answer, then save it (before any tool runs)."""
-        try:
-            response = await call.answer
-        except ModelError as exc:
-            observe(
-                self.observer.model_failed,
-                call.model,
-                exc.code,
-                self.clock() - call.called,
-                agent.models[-1].provider if agent.models else agent.provider or "default",
-            )
-            return await self._model_failed(call, agent, exc)
-        observe(
-            self.observer.model_called,
-            response.model if response.provider else call.model,
-            response.usage,
-            self.clock() - call.called,
-            response.provider or "default",
-        )
-        state = call.parked.unpark()
-        ex = turn_of(state)
-        ctx = HookContext(state=state, agent=agent, step=call.index)
-        response = await self.hooks.after_model(ctx, response)
-        response = unique_call_ids(response, ex, call.index)
-        content = response.message.content
-        pending = PendingStep(
-            index=call.index,
-            started_at=call.started,
-            input_count=call.input_count,
-            response=response,
-            offered=call.offered,
-            dispatched_at=self.clock(),
-            sent_tokens=call.sent_tokens,
-            summarized=call.summarized,
-        )
-        if call.raw_tokens and response.usage.prompt_tokens:
-            # what the estimate missed by, for the next one (``worker.loop.context``)
-            ratio = response.usage.prompt_tokens / call.raw_tokens
-            state = state.model_copy(update={"token_ratio": ratio})
-        state = with_execution(
-            state,
-            pending=pending,
-            usage=ex.usage + response.usage,
-            cost_usd=ex.cost_usd + self.price(call.model, response.usage),
-            last_content=content if content else ex.last_content,
-            stop_signal=ex.stop_signal or ctx.stop_signal,
-            context_forced=False,
-        )
-        return RunAgain(await self._save(state, append=[response.message]))
 
     async def end(
         self,

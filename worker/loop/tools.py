@@ -10,17 +10,15 @@ the step by the step's own save, which follows at once.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from contracts.events import EventData, EventType, ToolInvoked, ToolInvoking
+from contracts.events import EventData, EventType, StateUpdated, ToolInvoked, ToolInvoking
 from contracts.messages import ToolCall
 from contracts.state import (
     AgentState,
     ExecutionState,
-    PendingStep,
     ToolExecution,
     ToolOutcome,
 )
@@ -44,6 +42,13 @@ from worker.loop.ports import (
     observe,
 )
 from worker.loop.spec import AgentSpec
+from worker.loop.tool_calls import (
+    Refused,
+    call_arguments,
+    error_content,
+    shared_state,
+    value_content,
+)
 from worker.loop.turn import turn_of
 
 log = logging.getLogger("loopwire.tools")
@@ -63,47 +68,11 @@ class Emit(Protocol):
     ) -> Awaitable[None]: ...
 
 
-def error_content(message: str) -> str:
-    return json.dumps({"error": message}, ensure_ascii=False)
-
-
-def value_content(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
 class _Failed(NamedTuple):
     """A call that got no reply: the message for the model, the outcome for observers."""
 
     error: str
     outcome: ToolCallOutcome
-
-
-class _Refused(NamedTuple):
-    """A call that does not go out: its outcome, the error for the model, its arguments."""
-
-    outcome: ToolOutcome
-    error: str
-    given: dict[str, Any] | None = None
-
-
-def _arguments(call: ToolCall, pending: PendingStep | None) -> dict[str, Any] | _Refused:
-    """The arguments the call runs with (a reviewer's edit, if any), or why it does not run:
-    arguments that are not a JSON object, or a reviewer's rejection."""
-    try:
-        arguments = json.loads(call.arguments or "{}")
-    except ValueError as exc:
-        return _Refused("error", f"arguments are not valid JSON: {exc}")
-    if not isinstance(arguments, dict):
-        return _Refused("error", "arguments must be a JSON object")
-    verdict = pending.decisions.get(call.id) if pending is not None else None
-    if verdict is None:
-        return arguments
-    if verdict.decision == "reject":
-        who, why = verdict.by or "a reviewer", verdict.message or "no reason given"
-        return _Refused("blocked", f"rejected by {who}: {why}", arguments)
-    return dict(verdict.arguments) if verdict.arguments is not None else arguments
 
 
 class ToolPhase(NamedTuple):
@@ -247,8 +216,8 @@ class ToolRunner:
         if definition is None:
             rejected = finish("error", error=f"unknown tool: {call.name!r}")
             return await self.after_tool(ctx, rejected, ex), {}, None
-        arguments = _arguments(call, pending)
-        if isinstance(arguments, _Refused):
+        arguments = call_arguments(call, pending)
+        if isinstance(arguments, Refused):
             rejected = finish(arguments.outcome, error=arguments.error, arguments=arguments.given)
             return await self.after_tool(ctx, rejected, ex), {}, None
         decision = await self.hooks.before_tool(ctx, ToolInvocation(call.id, call.name, arguments))
@@ -266,7 +235,10 @@ class ToolRunner:
             execution = finish("unknown", error=f"outcome unknown: {message}", arguments=arguments)
         else:
             execution = finish("error", error=reply.error or "tool failed", arguments=arguments)
-        return await self.after_tool(ctx, execution, ex), dict(reply.state_updates), None
+        updates = dict(reply.state_updates)
+        if updates:
+            execution = execution.model_copy(update={"state_keys": tuple(sorted(updates))[:64]})
+        return await self.after_tool(ctx, execution, ex), updates, None
 
     async def _call(
         self, ctx: HookContext, call: ToolInvocation, definition: ToolDefinition, started: float
@@ -286,6 +258,7 @@ class ToolRunner:
                 metadata=ex.request.metadata,
                 deadline=started + timeout,
                 idempotency_key=idempotency_key(ex.turn_id, call.call_id),
+                state=shared_state(ctx.state, ex),
             ),
         )
         try:
@@ -330,6 +303,21 @@ class ToolRunner:
         return execution
 
     async def emit_invoked(self, state: AgentState, step: int, execution: ToolExecution) -> None:
+        """``tool.invoked`` for a saved result (and ``state.updated`` when it set state)."""
+        await self._emit_invoked(state, step, execution)
+        if execution.state_keys:
+            await self.emit(
+                "state.updated",
+                StateUpdated(
+                    call_id=execution.call_id, tool=execution.name, keys=execution.state_keys
+                ),
+                state,
+                step=step,
+                call_id=execution.call_id,
+                at=execution.completed_at,
+            )
+
+    async def _emit_invoked(self, state: AgentState, step: int, execution: ToolExecution) -> None:
         await self.emit(
             "tool.invoked",
             ToolInvoked(

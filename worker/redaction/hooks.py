@@ -15,7 +15,7 @@ from contracts.messages import ChatMessage
 from contracts.state import ToolExecution
 from contracts.turns import TurnResult
 from worker.loop.hooks import Blocked, Hook, HookContext, ToolInvocation
-from worker.loop.tools import error_content, value_content
+from worker.loop.tool_calls import error_content, value_content
 from worker.redaction import REDACT
 from worker.redaction.redactor import Redactor, Restored
 from worker.redaction.walk import rebuild, strings

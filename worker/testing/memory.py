@@ -332,7 +332,8 @@ class StaticCatalog:
 
 
 class FunctionTools:
-    """``ToolCaller`` that runs Python coroutines in this process (exceptions become errors)."""
+    """``ToolCaller`` that runs Python coroutines in this process (exceptions become errors; a
+    function returning a ``ToolCallReply`` answers with it as it is, ``state_updates`` too)."""
 
     def __init__(self, functions: Mapping[str, ToolFunction]) -> None:
         self.functions = dict(functions)
@@ -347,6 +348,8 @@ class FunctionTools:
             return ToolCallReply(
                 call_id=request.call_id, status="error", error=f"{type(exc).__name__}: {exc}"
             )
+        if isinstance(value, ToolCallReply):
+            return value.model_copy(update={"call_id": request.call_id})
         return ToolCallReply(call_id=request.call_id, status="ok", value=value)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from contracts.events import DEFAULT_EVENTS
 from contracts.tools import ToolDefinition
 from worker.agents import AgentProfile, AgentProfiles
 from worker.loop import EventSink, Hook, Loop, Model, ToolCaller
@@ -27,6 +28,7 @@ def sequencer_over(
     agents: Sequence[str | AgentProfile] = ("support",),
     price: Price = free,
     ledger: SpendLedger | None = None,
+    announced: frozenset[str] | None = None,
 ) -> SessionSequencer:
     """Every agent in ``agents`` (a name: a profile with defaults) may use every tool of
     ``definitions``."""
@@ -42,6 +44,7 @@ def sequencer_over(
             observer=observer,
             price=price,
             ledger=ledger,
+            announced=frozenset(DEFAULT_EVENTS) if announced is None else announced,
         )
 
     return SessionSequencer(

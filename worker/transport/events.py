@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import fnmatch
 import logging
+from collections.abc import Sequence
 
 from aio_pika import DeliveryMode
 
 from contracts.codec import encode
-from contracts.events import Event
+from contracts.events import DEFAULT_EVENTS, EVENT_TYPES, Event
 from contracts.topology import CONTENT_TYPE
+from worker.loop.ports import EventSink
 from worker.transport.publish import ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.events")
@@ -33,3 +36,23 @@ class AmqpEventSink:
                 timestamp=event.time,
             ),
         )
+
+
+def enabled_events(patterns: Sequence[str] | None) -> frozenset[str]:
+    """The event types ``LOOPWIRE_EVENTS`` enables: each pattern (``fnmatch``: ``turn.*``,
+    ``*``) names types; none given: every type but the opt-in ones (``DEFAULT_EVENTS``)."""
+    if patterns is None:
+        return frozenset(DEFAULT_EVENTS)
+    return frozenset(t for t in EVENT_TYPES if any(fnmatch.fnmatchcase(t, p) for p in patterns))
+
+
+class FilteredSink:
+    """``EventSink`` that publishes only the enabled event types through ``inner``."""
+
+    def __init__(self, inner: EventSink, enabled: frozenset[str]) -> None:
+        self.inner = inner
+        self.enabled = enabled
+
+    async def emit(self, event: Event) -> None:
+        if event.type in self.enabled:
+            await self.inner.emit(event)
