@@ -27,15 +27,8 @@ from contracts.events import (
     ApprovalDecided,
     ApprovalRequested,
     BudgetExhausted,
-    ChildFinished,
-    ChildStarted,
     Event,
     EventData,
-    MemoryUpdated,
-    ModelRequested,
-    ModelResponded,
-    SessionDeleted,
-    StateUpdated,
     StepCompleted,
     ToolInvoked,
     ToolInvoking,
@@ -59,6 +52,7 @@ from contracts.turns import (
     TurnResult,
 )
 from contracts.work import StepWork
+from tests.unit.event_samples import LATER_EVENT_DATA
 from worker.agents import AgentProfile
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
@@ -129,27 +123,7 @@ EVENT_DATA: dict[str, EventData] = {
     "budget.exhausted": BudgetExhausted(
         budget="turn.max_tool_calls", limit=3, used=3, final_call=True
     ),
-    "model.requested": ModelRequested(model="gpt-x", messages=12, estimated_tokens=900),
-    "model.responded": ModelResponded(
-        model="gpt-x-2026", finish_reason="tool_calls", usage=Usage(), duration_s=0.75
-    ),
-    "state.updated": StateUpdated(call_id="call_1", tool="keep", keys=("cart", "step")),
-    "memory.updated": MemoryUpdated(scope="user", memory_id="m1", action="remembered"),
-    "session.deleted": SessionDeleted(
-        session_id="S1", reason="erasure request", by="dpo", deleted_keys=12
-    ),
-    "child.started": ChildStarted(
-        call_id="call_1", turn_id="T1-c1", session_id="S1-c1", agent="researcher"
-    ),
-    "child.finished": ChildFinished(
-        call_id="call_1",
-        turn_id="T1-c1",
-        agent="researcher",
-        finish_reason="stop",
-        usage=Usage(),
-        cost_usd=0.25,
-        duration_s=1.5,
-    ),
+    **LATER_EVENT_DATA,
 }
 
 

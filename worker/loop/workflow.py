@@ -33,7 +33,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
@@ -186,6 +186,16 @@ class NodeFailed:
 Plan = Round | Done | NodeFailed
 
 
+class SoFar(NamedTuple):
+    """What a workflow turn has to plan its next round from: its input, the answers of each
+    round, all of them by call id, and the names its templates may use."""
+
+    given: str
+    rounds: Sequence[Mapping[str, Answer]]
+    done: Mapping[str, Answer]
+    names: Mapping[str, Any]
+
+
 def answer_of(execution: ToolExecution) -> Answer:
     value = execution.value
     return Answer(
@@ -218,16 +228,11 @@ def plan(flow: Workflow, given: str, rounds: Sequence[Mapping[str, Answer]]) -> 
         "conditional": _conditional,
         "loop": _loop,
     }[flow.kind]
-    return planner(flow, given, rounds, done, names)
+    return planner(flow, SoFar(given, rounds, done, names))
 
 
-def _sequential(
-    flow: Workflow,
-    given: str,
-    rounds: Sequence[Mapping[str, Answer]],
-    done: Mapping[str, Answer],
-    names: Mapping[str, Any],
-) -> Plan:
+def _sequential(flow: Workflow, so_far: SoFar) -> Plan:
+    given, rounds, done, names = so_far
     n = len(rounds)
     if n == len(flow.nodes):
         return _done(done[flow.nodes[-1].key])
@@ -236,13 +241,8 @@ def _sequential(
     return Round((_call(node, node.key, names, default),))
 
 
-def _parallel(
-    flow: Workflow,
-    given: str,
-    rounds: Sequence[Mapping[str, Answer]],
-    done: Mapping[str, Answer],
-    names: Mapping[str, Any],
-) -> Plan:
+def _parallel(flow: Workflow, so_far: SoFar) -> Plan:
+    given, rounds, done, names = so_far
     if not rounds:
         return Round(tuple(_call(node, node.key, names, given) for node in flow.nodes))
     together = "\n\n".join(f"[{node.key}]\n{done[node.key].text}" for node in flow.nodes)
@@ -255,13 +255,8 @@ def _parallel(
     return _done(done[JOIN_ID])
 
 
-def _conditional(
-    flow: Workflow,
-    given: str,
-    rounds: Sequence[Mapping[str, Answer]],
-    done: Mapping[str, Answer],
-    names: Mapping[str, Any],
-) -> Plan:
+def _conditional(flow: Workflow, so_far: SoFar) -> Plan:
+    given, rounds, done, names = so_far
     assert flow.node is not None
     if not rounds:
         return Round((_call(flow.node, flow.node.key, names, given),))
@@ -275,13 +270,8 @@ def _conditional(
     return _done(next(iter(rounds[1].values())))
 
 
-def _loop(
-    flow: Workflow,
-    given: str,
-    rounds: Sequence[Mapping[str, Answer]],
-    done: Mapping[str, Answer],
-    names: Mapping[str, Any],
-) -> Plan:
+def _loop(flow: Workflow, so_far: SoFar) -> Plan:
+    given, rounds, _, names = so_far
     assert flow.node is not None
     key, n = flow.node.key, len(rounds)
     if not n:
