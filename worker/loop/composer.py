@@ -40,7 +40,7 @@ from worker.loop.budgets import configured, first_spent
 from worker.loop.children import is_child_call, plan_children
 from worker.loop.fitting import Fitting
 from worker.loop.hooks import Blocked, HookContext, ToolInvocation
-from worker.loop.outcomes import RunAgain, StepOutcome, Waiting
+from worker.loop.outcomes import Finished, RunAgain, StepOutcome, Waiting
 from worker.loop.ports import observe
 from worker.loop.spec import AgentSpec
 from worker.loop.turn import turn_of, with_execution
@@ -55,10 +55,6 @@ class Composer(Fitting):
     """Mixed into ``Loop``: the children gate and the workflow step."""
 
     __slots__ = ()
-
-    async def _start(self, state: AgentState, agent: AgentSpec) -> AgentState:
-        """The turn's first save (``Loop._start``)."""
-        raise NotImplementedError
 
     async def _children(
         self, state: AgentState, agent: AgentSpec, unsaved: Sequence[ToolExecution]
@@ -194,16 +190,10 @@ class Composer(Fitting):
         start its nodes as child turns and park; once they answered, record the round."""
         flow = agent.workflow
         assert flow is not None
-        ex = turn_of(state)
-        if ex.status == "pending":
-            state = await self._start(state, agent)
-            ex = turn_of(state)
-            if ex.stop_signal is not None:
-                return await self.end(state, agent, "stop", ex.last_content)
-        deadline = ex.request.deadline
-        if deadline is not None and self.clock() > deadline:
-            late = with_execution(state, stop_signal=StopSignal(source="deadline"))
-            return await self.end(late, agent, "cancelled", ex.last_content)
+        opened = await self._opened(state, agent)
+        if isinstance(opened, Finished):
+            return opened
+        state, ex = opened, turn_of(opened)
         if ex.pending is None:
             planned = plan(flow, input_text(ex), rounds_of(ex))
             if isinstance(planned, Done):

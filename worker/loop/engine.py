@@ -32,14 +32,12 @@ from contracts.events import (
     DEFAULT_EVENTS,
     ModelRequested,
     TurnFinished,
-    TurnStarted,
     finish_event_type,
 )
 from contracts.messages import ChatMessage
 from contracts.state import (
     AgentState,
     StepExecution,
-    StopSignal,
     ToolExecution,
     Wait,
 )
@@ -184,17 +182,10 @@ class Loop(Completion):
     async def _before_model(self, state: AgentState, agent: AgentSpec) -> Phase:
         """Start the turn (first step), check its deadline, and send the model its request; or,
         when the model's answer is saved already, go straight to the tools."""
-        ex = turn_of(state)
-        if ex.status == "pending":
-            state = await self._start(state, agent)
-            ex = turn_of(state)
-            if ex.stop_signal is not None:
-                return await self.end(state, agent, "stop", ex.last_content)
-        deadline = ex.request.deadline
-        if deadline is not None and self.clock() > deadline:
-            # mid-step too: calls still out get a tool message saying they were not answered
-            late = with_execution(state, stop_signal=StopSignal(source="deadline"))
-            return await self.end(late, agent, "cancelled", ex.last_content)
+        opened = await self._opened(state, agent)
+        if isinstance(opened, Finished):
+            return opened
+        state, ex = opened, turn_of(opened)
         if ex.pending is not None:
             if ex.status == "waiting":
                 return RunAgain(state)  # parked: the approval gate decides what happens
@@ -280,29 +271,6 @@ class Loop(Completion):
             update={"dispatches": pending.dispatches + 1, "dispatched_at": self.clock()}
         )
         return await self._save(with_execution(state, pending=again))
-
-    async def _start(self, state: AgentState, agent: AgentSpec) -> AgentState:
-        ex = turn_of(state)
-        ctx = HookContext(state=state, agent=agent, step=0)
-        await self.hooks.before_execution(ctx)
-        inputs = [message.to_chat() for message in ex.request.input]
-        now = self.clock()
-        ex = ex.model_copy(
-            update={"status": "in_progress", "stop_signal": ctx.stop_signal, "updated_at": now}
-        )
-        state = await self._save(state.model_copy(update={"execution": ex}), append=inputs)
-        await self._emit(
-            "turn.started",
-            TurnStarted(
-                history_len=ex.history_start,
-                max_tool_iterations=ex.limits.max_tool_iterations,
-                prompt_version=ex.prompt_version,
-            ),
-            state,
-            at=ex.started_at,
-        )
-        observe(self.observer.turn_started, ex.request.agent)
-        return state
 
     async def end(
         self,

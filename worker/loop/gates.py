@@ -1,4 +1,6 @@
-"""The parts of a step that may stop or hold it before it runs its course, and the helpers
+"""The parts of a step that may stop or hold it before it runs its course (the turn's start and
+its deadline, shared by agents and workflows; approvals; rate limits; budgets; the structured-
+output judge), and the helpers
 every phase saves and announces with: the approval gate (park, resume, a hook asking for an
 approval), the rate-limit park, the budget check, the structured-output judge. ``Loop``
 (``worker.loop.engine``) runs them; they live here to keep the engine to its phases.
@@ -16,6 +18,7 @@ from contracts.events import (
     BudgetExhausted,
     EventData,
     EventType,
+    TurnStarted,
 )
 from contracts.messages import ChatMessage
 from contracts.state import AgentState, StepExecution, StopSignal, ToolExecution, Wait
@@ -60,6 +63,45 @@ class Gates:
     ) -> Finished:
         """The turn's one ending (``Loop.end``)."""
         raise NotImplementedError
+
+    async def _opened(self, state: AgentState, agent: AgentSpec) -> AgentState | Finished:
+        """The turn started (its first step: ``before_execution``, its input saved,
+        ``turn.started``), or ended: a hook stopped it at its start, or its deadline passed
+        (mid-step too: calls still out get a tool message saying they were not answered)."""
+        ex = turn_of(state)
+        if ex.status == "pending":
+            state = await self._start(state, agent)
+            ex = turn_of(state)
+            if ex.stop_signal is not None:
+                return await self.end(state, agent, "stop", ex.last_content)
+        deadline = ex.request.deadline
+        if deadline is not None and self.clock() > deadline:
+            late = with_execution(state, stop_signal=StopSignal(source="deadline"))
+            return await self.end(late, agent, "cancelled", ex.last_content)
+        return state
+
+    async def _start(self, state: AgentState, agent: AgentSpec) -> AgentState:
+        ex = turn_of(state)
+        ctx = HookContext(state=state, agent=agent, step=0)
+        await self.hooks.before_execution(ctx)
+        inputs = [message.to_chat() for message in ex.request.input]
+        now = self.clock()
+        ex = ex.model_copy(
+            update={"status": "in_progress", "stop_signal": ctx.stop_signal, "updated_at": now}
+        )
+        state = await self._save(state.model_copy(update={"execution": ex}), append=inputs)
+        await self._emit(
+            "turn.started",
+            TurnStarted(
+                history_len=ex.history_start,
+                max_tool_iterations=ex.limits.max_tool_iterations,
+                prompt_version=ex.prompt_version,
+            ),
+            state,
+            at=ex.started_at,
+        )
+        observe(self.observer.turn_started, ex.request.agent)
+        return state
 
     async def _hook_asks(self, state: AgentState, agent: AgentSpec) -> frozenset[str]:
         """The calls of the pending step a hook wants approved. Once parked, the wait keeps
