@@ -153,9 +153,13 @@ async def run_past_a_crash(
     client: Any, model_url: str, agents: Path, point: str, agent: str, text: str, **options: Any
 ) -> tuple[Any, WorkerProcess]:
     """A turn started on a worker that dies at failpoint ``point`` and finished by a second
-    worker, started only then: the result, and the survivor (to check its log)."""
+    worker, started only then: the result, and the survivor (to check its log). The doomed
+    worker takes one message at a time, so that it dies holding only the step at ``point``
+    (with more in flight, each of those would be redone too, as it should be)."""
     doomed = WorkerProcess(
-        model_url=model_url, agents_file=agents, extra_env={"LOOPWIRE_FAILPOINTS": point}
+        model_url=model_url,
+        agents_file=agents,
+        extra_env={"LOOPWIRE_FAILPOINTS": point, "LOOPWIRE_PREFETCH": "1"},
     )
     survivor = WorkerProcess(model_url=model_url, agents_file=agents)
     await doomed.start()
