@@ -35,6 +35,7 @@ from contracts.base import Contract
 from contracts.codec import DecodeError, decode, encode
 from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
+from contracts.runtime.tracing import inject
 from contracts.session_client import Sessions
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 
@@ -309,14 +310,17 @@ class LoopwireClient:
         return handle
 
     async def publish(self, request: TurnRequest) -> None:
-        """Publish a request as is (confirmed by the broker)."""
+        """Publish a request as is (confirmed by the broker). When the caller runs in an
+        OpenTelemetry span, the request carries it (``traceparent``): the turn is its child."""
+        headers: dict[str, Any] = {t.H_KIND: t.KIND_START}
+        inject(headers)
         await self.channel.default_exchange.publish(
             aio_pika.Message(
                 encode(request),
                 content_type=t.CONTENT_TYPE,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 message_id=request.turn_id,
-                headers={t.H_KIND: t.KIND_START},
+                headers=headers,
             ),
             routing_key=t.TURNS_QUEUE,
         )

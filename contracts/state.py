@@ -200,6 +200,16 @@ class Wait(Contract):
     )
 
 
+class TurnTrace(Contract):
+    """The ids of a turn's ``invoke_agent`` span, chosen when the turn starts (its steps are
+    its children) and given to the span when the turn ends, maybe on another worker."""
+
+    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    sampled: bool = True
+    started_at: float = Field(description="The span's start: the turn's.")
+
+
 class ExecutionState(Contract):
     """The turn in progress."""
 
@@ -246,6 +256,11 @@ class ExecutionState(Contract):
     started_at: float
     updated_at: float
     result: TurnResult | None = None
+    trace: TurnTrace | None = Field(
+        default=None,
+        description="Set when the worker that started the turn traces (OpenTelemetry).",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
 
 
 class Spend(Contract):

@@ -138,6 +138,19 @@ class TurnRequest(Contract):
         description="Set on a child turn: its result goes to the parent as turn.child_result.",
         exclude_if=lambda value: value is None,  # added to v1: written only when set
     )
+    traceparent: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+        description="W3C trace context: the turn's span is a child of this one. Taken from the "
+        "message's traceparent header when it has a valid one (publishers set the header).",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
+    tracestate: str | None = Field(
+        default=None,
+        max_length=512,
+        description="W3C tracestate, carried with traceparent (from the header of that name).",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
 
     @field_validator("reply_to")
     @classmethod

@@ -119,6 +119,17 @@ def encode_reply(reply: ToolCallReply) -> bytes:
     return body
 
 
+def undecodable_reply(correlation_id: str | None, reason: str) -> bytes | None:
+    """The error reply to a call that cannot be decoded (``None``: it has no usable id)."""
+    if not correlation_id:
+        return None
+    try:
+        reply = error_reply(correlation_id, f"undecodable tool call: {reason}")
+    except ValidationError:
+        return None
+    return encode_reply(reply)
+
+
 def describe_errors(exc: ValidationError, limit: int = 5) -> str:
     """``"query: Field required; limit: Input should be a valid integer"``."""
     errors = exc.errors(include_url=False, include_input=False)

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from contracts.runtime.health import HealthServer
 from contracts.runtime.metrics import build_info
+from contracts.runtime.tracer_setup import start_tracing
 from tool_services.metrics import ToolServiceMetrics
 from tool_services.sdk import ToolService
 from tool_services.server import ToolServer
@@ -83,7 +84,9 @@ async def run_service(
     registry = registry or CollectorRegistry()
     build_info(registry, component="tool_service", service=built.name)
     metrics = ToolServiceMetrics(registry, tools=built.tools)
-    server = ToolServer(built, settings, metrics=metrics)
+    provider = start_tracing(f"loopwire-tool-{built.name}")
+    tracer = provider.get_tracer("loopwire.tool_service") if provider is not None else None
+    server = ToolServer(built, settings, metrics=metrics, tracer=tracer)
     health: HealthServer | None = None
     if settings.tools.http_port:
         health = HealthServer(
@@ -120,6 +123,8 @@ async def run_service(
         drained = await server.stop()
         if health is not None:
             await health.stop()
+        if provider is not None:
+            provider.shutdown()  # exports what is still batched
     log.info("tool service %s stopped%s", built.name, "" if drained else " (calls cancelled)")
     return drained
 

@@ -50,20 +50,21 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
+from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
-from pydantic import ValidationError
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from contracts.codec import DecodeError, decode
 from contracts.tools import ToolCallRequest, idempotency_key
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
 from tool_services.calls import CallStore, ClaimKind
-from tool_services.execute import encode_reply, error_reply
+from tool_services.execute import encode_reply, error_reply, undecodable_reply
 from tool_services.metrics import ToolServiceMetrics
 from tool_services.owned import OwnedCall, answer_orphan, readdressed
 from tool_services.registry import Announcer
 from tool_services.sdk import Tool, ToolService
 from tool_services.settings import Settings
+from tool_services.traced import traced
 
 log = logging.getLogger("loopwire.tool_services")
 
@@ -90,7 +91,11 @@ class ToolServer:
         instance_id: str | None = None,
         clock: Callable[[], float] = time.time,
         metrics: ToolServiceMetrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
+        self._handle_one = (
+            self._handle if tracer is None else traced(tracer, self._handle, service.name)
+        )
         if not service.tools:
             raise ValueError(f"service {service.name!r} has no tools")
         self.service = service
@@ -240,7 +245,7 @@ class ToolServer:
         # The call runs in a task of its own: a lost connection closes the channel, which
         # cancels its delivery tasks, and a tool cut off halfway (a note half filed) has no
         # stored reply to answer the redelivery with. The call runs on and stores its reply.
-        task = asyncio.create_task(self._handle(message))
+        task = asyncio.create_task(self._handle_one(message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         await asyncio.shield(task)
@@ -283,7 +288,9 @@ class ToolServer:
                 exc.reason,
             )
             self.metrics.skipped(message.routing_key, "undecodable")
-            return _undecodable_reply(message, exc)
+            if not message.reply_to:
+                return Verdict.DROP
+            return undecodable_reply(message.correlation_id, exc.reason) or Verdict.DROP
         tool = self.service.tools.get(request.tool)
         if tool is None:
             self.metrics.skipped(request.tool, "unknown_tool")
@@ -386,13 +393,3 @@ class ToolServer:
             delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
         )
         await channel.default_exchange.publish(reply, routing_key=message.reply_to, mandatory=False)
-
-
-def _undecodable_reply(message: AbstractIncomingMessage, exc: DecodeError) -> bytes | Verdict:
-    if not message.reply_to or not message.correlation_id:
-        return Verdict.DROP
-    try:
-        reply = error_reply(message.correlation_id, f"undecodable tool call: {exc.reason}")
-    except ValidationError:
-        return Verdict.DROP
-    return encode_reply(reply)

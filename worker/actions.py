@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from contracts.control import TurnCancel, TurnChildResult
 from contracts.sessions import SessionReply
-from contracts.turns import TurnRequest, TurnResult
+from contracts.state import ChildTurn
+from contracts.turns import FinishReason, TurnRequest, TurnResult
 from contracts.work import StepWork
 
 
@@ -87,3 +88,27 @@ def wake(session_id: str, turn_id: str, parked: int | None) -> list[Action]:
     if parked is None:
         return []
     return [Step(StepWork(session_id=session_id, turn_id=turn_id, step=parked))]
+
+
+def to_parent(result: TurnResult) -> list[Action]:
+    """A child turn's result for its parent (nothing for a turn that is not a child)."""
+    if result.parent is None:
+        return []
+    return [Control(TurnChildResult(parent=result.parent, result=result))]
+
+
+def cancel_children(
+    orphans: tuple[ChildTurn, ...], turn_id: str, reason: FinishReason
+) -> list[Action]:
+    """A cancel for each child a turn still waited on when it ended."""
+    return [
+        Control(
+            TurnCancel(
+                turn_id=child.turn_id,
+                session_id=child.session_id,
+                reason=f"parent {reason}",
+                by=f"turn {turn_id}",
+            )
+        )
+        for child in orphans
+    ]

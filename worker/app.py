@@ -20,6 +20,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 
 from contracts import topology as t
 from contracts.runtime.health import HealthServer
+from contracts.runtime.tracer_setup import start_tracing
 from worker import collector
 from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import ProfileError
@@ -30,6 +31,7 @@ from worker.metrics import CountingSink, WorkerMetrics, build_info
 from worker.model.providers import build_models, check_providers, endpoints
 from worker.profile_source import ProfileSource
 from worker.ratelimit import RedisRateLimiter
+from worker.redaction import REDACT
 from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
 from worker.sequencer import SessionSequencer
@@ -39,6 +41,7 @@ from worker.session.port import StepSession
 from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
 from worker.settings import Settings, price_table
+from worker.tracing import Tracing
 from worker.transport.broker_gate import BrokerGate
 from worker.transport.catalog import RegistryCatalog
 from worker.transport.consumer import Consumer
@@ -108,7 +111,12 @@ class Worker:
         )
         gate = BrokerGate()
         gate.watch(connection)
-        model, clients = build_models(s, on_fallback=self.metrics.model_fallback)
+        tracing = _tracing(source)
+        model, clients = build_models(
+            s,
+            on_fallback=self.metrics.model_fallback,
+            wrap=tracing.model if tracing is not None else None,
+        )
         health: HealthServer | None = None
         background: set[asyncio.Task[None]] = set()
         try:
@@ -120,13 +128,21 @@ class Worker:
             announced = enabled_events(s.events)
             sink = FilteredSink(
                 CountingSink(
-                    AmqpEventSink(ConfirmedPublisher(publish_channel, topo.events.name)),
+                    AmqpEventSink(
+                        ConfirmedPublisher(publish_channel, topo.events.name),
+                        traced=tracing is not None,
+                    ),
                     self.metrics,
                 ),
                 announced,
             )
-            rpc = ToolRPC(rpc_channel, in_progress=self.metrics.tool_call_in_progress)
+            rpc = ToolRPC(
+                rpc_channel,
+                in_progress=self.metrics.tool_call_in_progress,
+                traced=tracing is not None,
+            )
             await rpc.start()
+            tools = rpc if tracing is None else tracing.tools(rpc)
             catalog = RegistryCatalog(redis, cache_s=s.tools_cache_s)
             store = RedisStore(
                 redis,
@@ -149,7 +165,7 @@ class Worker:
             def loop_factory(session: StepSession, profile: AgentProfile) -> Loop:
                 return Loop(
                     model=model,
-                    tools=rpc,
+                    tools=tools,
                     catalog=catalog,
                     store=session,
                     events=sink,
@@ -175,6 +191,7 @@ class Worker:
                 deliver=redaction.deliver_for(source.redaction_configs),
                 records=records,
                 forget=memories.forget if memories is not None else None,
+                tracing=tracing,
             )
             consumer = Consumer(
                 work=work,
@@ -252,6 +269,7 @@ class Worker:
                 await memories.close()
             await connection.close()
             await redis.aclose()
+            _stop_tracing(tracing)
 
     async def _drain(self, grace_s: float) -> None:
         pending = set(self.in_flight)
@@ -273,6 +291,25 @@ class Worker:
         """SIGHUP: load the agents file again (a file that fails to load changes nothing)."""
         if self.source is not None:
             self.source.reload()
+
+
+def _stop_tracing(tracing: Tracing | None) -> None:
+    if tracing is not None:
+        tracing.provider.shutdown()  # exports what is still batched
+
+
+def _tracing(source: ProfileSource) -> Tracing | None:
+    """The worker's spans, when ``OTEL_*`` asks for them; an agent that redacts (or one not
+    known) never has its contents recorded."""
+    provider = start_tracing("loopwire-worker")
+    if provider is None:
+        return None
+
+    def redacts(agent: str) -> bool:
+        profile = source.get(agent)
+        return profile is None or REDACT in profile.hooks
+
+    return Tracing(provider, redacts=redacts)
 
 
 def main() -> int:

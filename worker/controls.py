@@ -25,6 +25,7 @@ from worker.loop.children import with_child_results
 from worker.loop.ports import LoopObserver, observe
 from worker.loop.turn import turn_of, turn_result, with_execution
 from worker.session.port import SessionStore, StepSession
+from worker.tracing import Tracing
 
 log = logging.getLogger("loopwire.sequencer")
 
@@ -42,6 +43,7 @@ class Controls:
     events: EventSink
     clock: Callable[[], float]
     observer: LoopObserver
+    tracing: Tracing | None
     deliver: Callable[[TurnResult], Awaitable[TurnResult]]
 
     def profile(self, agent: str) -> AgentProfile:
@@ -98,6 +100,8 @@ class Controls:
             return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
         if ended == "ended":
             observe(self.observer.turn_finished, result)
+            if self.tracing is not None:
+                self.tracing.ended(None, request, result)
         if ended == "head":
             # the session's running turn: its next step message (or the renewal of the step
             # running now) finds the cancel under the lease; a parked one has none, so the

@@ -29,13 +29,23 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from contracts.control import TurnCancel, TurnChildResult
 from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
-from contracts.state import ChildTurn, ExecutionState
-from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
+from contracts.state import ExecutionState, TurnTrace
+from contracts.turns import TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
-from worker.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step, first_step
+from worker.actions import (
+    Action,
+    Busy,
+    Delay,
+    Drop,
+    Reply,
+    Start,
+    Step,
+    cancel_children,
+    first_step,
+    to_parent,
+)
 from worker.agents import AgentProfile, ProfileLookup
 from worker.controls import Controls
 from worker.erasure import Erasure, Forget
@@ -47,6 +57,7 @@ from worker.loop.turn import turn_of
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
 from worker.session.records import SessionRecords
+from worker.tracing import Tracing
 
 log = logging.getLogger("loopwire.sequencer")
 
@@ -72,7 +83,10 @@ class SessionSequencer(Controls, Erasure):
         observer: LoopObserver | None = None,
         records: SessionRecords | None = None,
         forget: Forget | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
+        self.tracing = tracing
+        """Spans of turns and steps, when tracing is on."""
         self.records = records
         """The session's records, for deleting a session (none: deletions are refused)."""
         self.forget = forget
@@ -111,7 +125,7 @@ class SessionSequencer(Controls, Erasure):
                 replies.append(Reply(request.reply_to, await self.deliver(accepted.result)))
             # a child's parent hears of it again (the worker that finished it may have died
             # before it could tell; a copy is dropped there)
-            replies += _to_parent(accepted.result)
+            replies += to_parent(accepted.result)
             return [*replies, Drop("duplicate turn request: already finished", "duplicate_request")]
         if accepted.status == "pending":
             # A duplicate of a turn not finished yet. The first delivery may have died between
@@ -162,6 +176,14 @@ class SessionSequencer(Controls, Erasure):
         ready = await self._resolve(session, work)
         if isinstance(ready, list):
             return ready
+        if self.tracing is None:
+            return await self._stepped(ready, session, work, abandon)
+        with self.tracing.step(ready.trace, ready.request, work.step):
+            return await self._stepped(ready, session, work, abandon)
+
+    async def _stepped(
+        self, ready: _Stepping, session: StepSession, work: StepWork, abandon: Callable[[], None]
+    ) -> list[Action]:
         deadline = ready.request.deadline
         timer = None
         if deadline is not None and deadline > self.clock():  # then abandoned as if cancelled
@@ -208,6 +230,8 @@ class SessionSequencer(Controls, Erasure):
                 return [Drop(f"turn {work.turn_id} has no stored request", "missing_request")]
             # not saved here: the turn's first save (its input) writes it
             state = new_execution(state, request, self.profile(request.agent), self.clock())
+            if self.tracing is not None:
+                state = self.tracing.begin(state)
         elif ex.turn_id != work.turn_id or work.step != len(ex.steps):
             if (
                 ex.turn_id == work.turn_id
@@ -232,13 +256,17 @@ class SessionSequencer(Controls, Erasure):
         wait = ex.wait if ex is not None else None
         waited = wait.call_ids if wait is not None and wait.kind == "approval" else ()
         stepping = self.loop_factory(session, profile).step(state, profile)
-        return _Stepping(stepping, request, waited)
+        return _Stepping(stepping, request, waited, turn_of(state).trace)
 
     def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:
         """The turn is parked: its timeout message goes out (again, when a step message finds
         it still waiting: the worker that parked it may have died before sending it; copies
         are harmless), and control messages recorded while it parked wake it at once."""
-        actions: list[Action] = [Start(request) for request in outcome.start]
+        tracing = self.tracing
+        actions: list[Action] = [
+            Start(request if tracing is None else tracing.stamped(request))
+            for request in outcome.start
+        ]
         if outcome.until is not None:
             actions.append(Delay(work.model_copy(update={"wait_until": outcome.until})))
         if session.controls_waiting:
@@ -272,6 +300,8 @@ class SessionSequencer(Controls, Erasure):
             profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
             if state is None or ex is None:
                 state = new_execution(state, request, profile, self.clock())
+                if self.tracing is not None:
+                    state = self.tracing.begin(state)
             error = TurnError(code=code[:64], message=reason[:4000])
             loop = self.loop_factory(session, profile)
             content = ex.last_content if ex else None
@@ -285,15 +315,15 @@ class SessionSequencer(Controls, Erasure):
         self, finished: Finished, request: TurnRequest, session: StepSession
     ) -> list[Action]:
         """What follows a turn's end: the reply to its publisher, and the session's next turn."""
+        if self.tracing is not None:
+            self.tracing.ended(finished.trace, request, finished.result)
         actions: list[Action] = []
         replies = session.replies or ((request.reply_to,) if request.reply_to else ())
         if replies:
             delivered = await self.deliver(finished.result)
             actions += [Reply(reply_to, delivered) for reply_to in replies]
-        actions += _to_parent(finished.result)
-        actions += _cancel_children(
-            finished.orphans, request.turn_id, finished.result.finish_reason
-        )
+        actions += to_parent(finished.result)
+        actions += cancel_children(finished.orphans, request.turn_id, finished.result.finish_reason)
         if session.next_turn is not None:
             actions.append(first_step(request.session_id, session.next_turn))
         return actions
@@ -310,7 +340,7 @@ class SessionSequencer(Controls, Erasure):
         if replies:
             delivered = await self.deliver(result)
             actions += [Reply(reply_to, delivered) for reply_to in replies]
-        actions += _to_parent(result)
+        actions += to_parent(result)
         if head is not None and head != work.turn_id:
             actions.append(first_step(work.session_id, head))
         return [*actions, Drop("finished turn: effects repeated", "finished_turn")]
@@ -356,27 +386,5 @@ class _Stepping:
     request: TurnRequest
     waited: tuple[str, ...] = ()
     """The calls the turn waited on, if it was parked."""
-
-
-def _to_parent(result: TurnResult) -> list[Action]:
-    """A child turn's result for its parent (nothing for a turn that is not a child)."""
-    if result.parent is None:
-        return []
-    return [Control(TurnChildResult(parent=result.parent, result=result))]
-
-
-def _cancel_children(
-    orphans: tuple[ChildTurn, ...], turn_id: str, reason: FinishReason
-) -> list[Action]:
-    """A cancel for each child a turn still waited on when it ended."""
-    return [
-        Control(
-            TurnCancel(
-                turn_id=child.turn_id,
-                session_id=child.session_id,
-                reason=f"parent {reason}",
-                by=f"turn {turn_id}",
-            )
-        )
-        for child in orphans
-    ]
+    trace: TurnTrace | None = None
+    """The turn's span ids, when it is traced."""

@@ -23,6 +23,7 @@ from worker.loop.ports import ModelRequest
 from worker.sequencer import SessionSequencer
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore, ToolFunction
 from worker.testing.sequencing import sequencer_over
+from worker.tracing import Tracing
 
 Answer = Callable[[ModelRequest], ModelResponse]
 
@@ -146,6 +147,7 @@ def world(
     tools: Mapping[str, ToolFunction] | None = None,
     store: MemoryStore | None = None,
     announced: frozenset[str] | None = None,
+    tracing: Tracing | None = None,
 ) -> World:
     """``tools``: functions the agents may call, each offered as a tool taking any arguments;
     ``store``: an earlier world's (its sessions go on)."""
@@ -162,6 +164,7 @@ def world(
         agents=loaded.agents,
         hooks=hooks,
         announced=announced,
+        tracing=tracing,
     )
     return World(sequencer, store, model, events)
 

@@ -322,7 +322,7 @@ class Loop(Completion):
         await self._emit(
             finish_event_type(reason), TurnFinished(result=result), state, at=result.completed_at
         )
-        return Finished(saved, result, orphans)
+        return Finished(saved, result, orphans, ex.trace)
 
 
 def _gated_by_approval(wait: Wait | None) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from contracts.state import AgentState, ChildTurn, ModelResponse
+from contracts.state import AgentState, ChildTurn, ModelResponse, TurnTrace
 from contracts.turns import TurnRequest, TurnResult
 from worker.loop.ports import Parked
 
@@ -26,6 +26,8 @@ class Finished:
     result: TurnResult
     orphans: tuple[ChildTurn, ...] = ()
     """Child turns the turn still waited on when it ended: they are cancelled."""
+    trace: TurnTrace | None = None
+    """The turn's span ids, when it is traced (its span is made once the turn has ended)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ class ModelRequest:
     """The provider to ask (``None``: ``default``)."""
     fallbacks: tuple[tuple[str, str | None], ...] = ()
     """The models to ask next, in order, when this one fails (provider, model)."""
+    agent: str | None = None
+    """The agent whose turn asks (for traces)."""
 
 
 class Model(Protocol):

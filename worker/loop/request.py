@@ -58,4 +58,5 @@ def model_request(
             response_format(schema) if schema is not None else state.context.response_format
         ),
         timeout_s=None if deadline is None else deadline - now,
+        agent=agent.name,
     )

@@ -9,13 +9,14 @@ whose key cannot be read, stops the worker at start (and fails ``loopwire agents
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import httpx2
 from openai import AsyncOpenAI
 
 from worker.agents import AgentProfile
 from worker.errors import ProfileError
+from worker.loop.ports import Model
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelClient, ModelHttpClient
 from worker.model.router import DEFAULT, ModelRouter, OnFallback
@@ -63,8 +64,10 @@ def build_models(
     *,
     environ: Mapping[str, str] | None = None,
     on_fallback: OnFallback | None = None,
+    wrap: Callable[[Model, str, str], Model] | None = None,
 ) -> tuple[ModelRouter, list[AsyncOpenAI]]:
-    """The router over every provider's model, and the clients (to close at exit)."""
+    """The router over every provider's model, and the clients (to close at exit); ``wrap``
+    (model, provider name, base URL) wraps each provider's model (tracing)."""
     environ = os.environ if environ is None else environ
     clients: list[AsyncOpenAI] = []
     models = {}
@@ -77,10 +80,11 @@ def build_models(
             raise ProfileError(f"provider {name!r}: cannot read its API key: {exc}") from None
         client = client_for(m, key)
         clients.append(client)
-        models[name] = OpenAIModel(
+        model: Model = OpenAIModel(
             client,
             model=m.model,
             bad_response_retries=m.bad_response_retries,
             provider=None if name == DEFAULT else name,
         )
+        models[name] = model if wrap is None else wrap(model, name, m.base_url)
     return ModelRouter(models, on_fallback=on_fallback), clients

@@ -14,6 +14,7 @@ from worker.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
 from worker.testing.memory import StaticCatalog
+from worker.tracing import Tracing
 
 
 def sequencer_over(
@@ -29,14 +30,15 @@ def sequencer_over(
     price: Price = free,
     ledger: SpendLedger | None = None,
     announced: frozenset[str] | None = None,
+    tracing: Tracing | None = None,
 ) -> SessionSequencer:
     """Every agent in ``agents`` (a name: a profile with defaults) may use every tool of
     ``definitions``."""
 
     def loop_factory(session: StepSession, _profile: AgentProfile) -> Loop:
         return Loop(
-            model=model,
-            tools=tools,
+            model=model if tracing is None else tracing.model(model, "default", "http://model"),
+            tools=tools if tracing is None else tracing.tools(tools),
             catalog=StaticCatalog(definitions),
             store=session,
             events=events,
@@ -55,4 +57,5 @@ def sequencer_over(
         ),
         loop_factory=loop_factory,
         events=events,
+        tracing=tracing,
     )

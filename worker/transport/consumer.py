@@ -42,6 +42,7 @@ from contracts.base import SAFE_ID_PATTERN
 from contracts.codec import DecodeError, decode, decode_obj
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import UNKNOWN, TurnRejected, make_event
+from contracts.runtime.tracing import header_traceparent, header_tracestate
 from contracts.sessions import SessionDelete
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
@@ -184,7 +185,13 @@ class Consumer:
             with self.metrics.steps_in_progress.track_inprogress():
                 return await self.work.on_step(work)
         if kind == t.KIND_START:
-            return await self.work.on_request(decode(body, TurnRequest))
+            request = decode(body, TurnRequest)
+            parent = header_traceparent(headers)
+            if parent is not None:  # W3C trace context: the header wins over the body
+                request = request.model_copy(
+                    update={"traceparent": parent, "tracestate": header_tracestate(headers)}
+                )
+            return await self.work.on_request(request)
         if kind == t.KIND_CANCEL:
             return await self.work.on_cancel(decode(body, TurnCancel))
         if kind == t.KIND_DECISION:

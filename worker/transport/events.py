@@ -10,6 +10,7 @@ from aio_pika import DeliveryMode
 
 from contracts.codec import encode
 from contracts.events import DEFAULT_EVENTS, EVENT_TYPES, Event
+from contracts.runtime.tracing import inject
 from contracts.topology import CONTENT_TYPE
 from worker.loop.ports import EventSink
 from worker.transport.publish import ConfirmedPublisher, properties
@@ -20,17 +21,22 @@ log = logging.getLogger("loopwire.events")
 class AmqpEventSink:
     """``EventSink`` over a confirming channel (``ConfirmedPublisher`` to the events exchange)."""
 
-    def __init__(self, publisher: ConfirmedPublisher) -> None:
+    def __init__(self, publisher: ConfirmedPublisher, *, traced: bool = False) -> None:
         self.publisher = publisher
+        self.traced = traced
+        """Each event carries the span current when it was published (W3C ``traceparent``)."""
 
     async def emit(self, event: Event) -> None:
+        headers = event.headers()
+        if self.traced:
+            inject(headers)
         await self.publisher.publish(
             encode(event),
             routing_key=event.routing_key,
             properties=properties(
                 content_type=CONTENT_TYPE,
                 delivery_mode=DeliveryMode.NOT_PERSISTENT,
-                headers=event.headers(),
+                headers=headers,
                 message_id=event.id,
                 message_type=event.type,
                 timestamp=event.time,

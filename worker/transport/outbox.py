@@ -13,6 +13,7 @@ from contracts import topology as t
 from contracts.base import Contract
 from contracts.codec import encode
 from contracts.control import TurnChildResult
+from contracts.runtime.tracing import TRACEPARENT, TRACESTATE
 from contracts.work import StepWork
 from worker.actions import Answer, Control, Delay, Reply, Start, Step
 from worker.transport.publish import Publisher, properties
@@ -62,8 +63,13 @@ class Outbox:
     async def publish_turn_message(self, action: Start | Control) -> None:
         """A child turn's request, a child's result for its parent, a cancel for a child."""
         body: Contract
+        trace: dict[str, str] = {}
         if isinstance(action, Start):
             body, kind, message_id = action.request, t.KIND_START, action.request.turn_id
+            if action.request.traceparent is not None:  # the header says it too
+                trace[TRACEPARENT] = action.request.traceparent
+                if action.request.tracestate:
+                    trace[TRACESTATE] = action.request.tracestate
         elif isinstance(action.message, TurnChildResult):
             message = action.message
             body, kind = message, t.KIND_CHILD_RESULT
@@ -71,7 +77,7 @@ class Outbox:
         else:
             body, kind = action.message, t.KIND_CANCEL
             message_id = f"{action.message.turn_id}:cancel"
-        await self._work(body, t.TURNS_QUEUE, kind, message_id)
+        await self._work(body, t.TURNS_QUEUE, kind, message_id, trace)
 
     async def publish_wait(self, work: StepWork) -> None:
         """A parked turn's timeout message, through the wait queue whose delay fits best (it
@@ -82,7 +88,14 @@ class Outbox:
             work, t.wait_queue(bucket), t.KIND_STEP, f"{work.turn_id}:{work.step}:wait"
         )
 
-    async def _work(self, body: Contract, queue: str, kind: str, message_id: str) -> None:
+    async def _work(
+        self,
+        body: Contract,
+        queue: str,
+        kind: str,
+        message_id: str,
+        trace: dict[str, str] | None = None,
+    ) -> None:
         """Turn work, persistent, to ``queue`` (mandatory: a queue that is gone fails it)."""
         await self.publisher.publish(
             encode(body),
@@ -91,7 +104,7 @@ class Outbox:
             properties=properties(
                 content_type=t.CONTENT_TYPE,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={t.H_KIND: kind},
+                headers={t.H_KIND: kind, **trace} if trace else {t.H_KIND: kind},
                 message_id=message_id,
             ),
         )

@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
@@ -34,6 +35,7 @@ from aio_pika.exceptions import AMQPError, DeliveryError, PublishError
 from aiormq.exceptions import ChannelInvalidStateError
 
 from contracts.codec import DecodeError, decode, encode
+from contracts.runtime.tracing import inject
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
 from worker import failpoints
@@ -51,8 +53,11 @@ class ToolRPC:
         channel: AbstractChannel,
         *,
         in_progress: Callable[[str], AbstractContextManager[object]] | None = None,
+        traced: bool = False,
     ) -> None:
         self.channel = channel
+        self.traced = traced
+        """Each call carries the span current when it is sent (W3C ``traceparent``)."""
         self.in_progress = in_progress or (lambda _tool: contextlib.nullcontext())
         """Wraps each call from publish to reply (the worker counts calls in progress with it)."""
         self.futures: dict[int, asyncio.Future[ToolCallReply]] = {}
@@ -84,6 +89,12 @@ class ToolRPC:
                     RetryableError("the broker connection was lost during a tool call")
                 )
 
+    def _headers(self, key: str) -> dict[str, Any]:
+        headers: dict[str, Any] = {H_IDEMPOTENCY_KEY: key}
+        if self.traced:  # the call's span goes with it (the tool service's is its child)
+            inject(headers)
+        return headers
+
     async def call(self, request: ToolCallRequest, definition: ToolDefinition) -> ToolCallReply:
         if self.publisher is None or self.queue is None:
             raise RuntimeError("ToolRPC.start() was not awaited")
@@ -93,7 +104,7 @@ class ToolRPC:
         props = properties(
             content_type=CONTENT_TYPE,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            headers={H_IDEMPOTENCY_KEY: key},
+            headers=self._headers(key),
             message_id=f"{key}:{uuid.uuid4().hex[:8]}",
             correlation_id=request.call_id,
             reply_to=self.queue.name,
