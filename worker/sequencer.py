@@ -362,7 +362,13 @@ class SessionSequencer(Controls, Erasure):
 
     async def _emit_accepted(self, request: TurnRequest, at: float | None) -> None:
         """``turn.accepted`` with the time the turn was first accepted (a copy's is the same
-        event)."""
+        event), in the publisher's trace."""
+        if self.tracing is not None:
+            with self.tracing.within(request):
+                return await self._emit_accepted_now(request, at)
+        await self._emit_accepted_now(request, at)
+
+    async def _emit_accepted_now(self, request: TurnRequest, at: float | None) -> None:
         event = make_event(
             "turn.accepted",
             TurnAccepted(persist=request.persist, input_messages=len(request.input)),

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
-from opentelemetry.context import Context
+from opentelemetry.context import Context, attach, detach
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision
@@ -47,6 +47,7 @@ from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import ModelError
 from worker.loop.ports import Model, ModelRequest, ToolCaller
+from worker.settings import ModelSettings
 
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _IDS = RandomIdGenerator()
@@ -91,6 +92,19 @@ class Tracing:
             started_at=ex.started_at,
         )
         return state.model_copy(update={"execution": ex.model_copy(update={"trace": chosen})})
+
+    @contextlib.contextmanager
+    def within(self, request: TurnRequest) -> Iterator[None]:
+        """The publisher's span current (what is published for the request carries it)."""
+        parent = context_of(request.traceparent, request.tracestate)
+        if parent is None:
+            yield
+            return
+        token = attach(parent)
+        try:
+            yield
+        finally:
+            detach(token)
 
     @contextlib.contextmanager
     def step(self, turn: TurnTrace | None, request: TurnRequest, index: int) -> Iterator[None]:
@@ -155,8 +169,9 @@ class Tracing:
             update={"traceparent": carrier[TRACEPARENT], "tracestate": carrier.get(TRACESTATE)}
         )
 
-    def model(self, inner: Model, provider: str, base_url: str) -> Model:
-        return TracedModel(inner, self, provider, urlsplit(base_url).hostname or "")
+    def model(self, inner: Model, provider: str, endpoint: ModelSettings) -> Model:
+        address = urlsplit(endpoint.base_url).hostname or ""
+        return TracedModel(inner, self, provider, address, endpoint.model)
 
     def tools(self, inner: ToolCaller) -> ToolCaller:
         return TracedTools(inner, self)
@@ -174,14 +189,18 @@ def _span_context(turn: TurnTrace) -> SpanContext:
 class TracedModel:
     """``Model`` making a ``chat`` span of each call."""
 
-    def __init__(self, inner: Model, tracing: Tracing, provider: str, address: str) -> None:
+    def __init__(
+        self, inner: Model, tracing: Tracing, provider: str, address: str, default_model: str
+    ) -> None:
+        self.default_model = default_model
+        """What the provider is asked for when the request names no model."""
         self.inner = inner
         self.tracing = tracing
         self.provider = provider
         self.address = address
 
     def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
-        model = request.model or ""
+        model = request.model or self.default_model
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": "openai",

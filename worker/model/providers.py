@@ -64,10 +64,10 @@ def build_models(
     *,
     environ: Mapping[str, str] | None = None,
     on_fallback: OnFallback | None = None,
-    wrap: Callable[[Model, str, str], Model] | None = None,
+    wrap: Callable[[Model, str, ModelSettings], Model] | None = None,
 ) -> tuple[ModelRouter, list[AsyncOpenAI]]:
     """The router over every provider's model, and the clients (to close at exit); ``wrap``
-    (model, provider name, base URL) wraps each provider's model (tracing)."""
+    (model, provider name, its settings) wraps each provider's model (tracing)."""
     environ = os.environ if environ is None else environ
     clients: list[AsyncOpenAI] = []
     models = {}
@@ -86,5 +86,5 @@ def build_models(
             bad_response_retries=m.bad_response_retries,
             provider=None if name == DEFAULT else name,
         )
-        models[name] = model if wrap is None else wrap(model, name, m.base_url)
+        models[name] = model if wrap is None else wrap(model, name, m)
     return ModelRouter(models, on_fallback=on_fallback), clients

@@ -13,6 +13,7 @@ from worker.loop.ports import LoopObserver, Price, SpendLedger, free
 from worker.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
+from worker.settings import ModelSettings
 from worker.testing.memory import StaticCatalog
 from worker.tracing import Tracing
 
@@ -37,7 +38,9 @@ def sequencer_over(
 
     def loop_factory(session: StepSession, _profile: AgentProfile) -> Loop:
         return Loop(
-            model=model if tracing is None else tracing.model(model, "default", "http://model"),
+            model=model
+            if tracing is None
+            else tracing.model(model, "default", ModelSettings(model="scripted")),
             tools=tools if tracing is None else tracing.tools(tools),
             catalog=StaticCatalog(definitions),
             store=session,
