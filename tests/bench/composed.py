@@ -117,6 +117,23 @@ async def events(ctx: Any) -> dict[str, Any]:
     )
 
 
+async def tracing(ctx: Any) -> dict[str, Any]:
+    """Tracing on (every turn sampled, exported over OTLP/HTTP to a sink in the model server's
+    control process) against off (loopwire: no ``OTEL_*``)."""
+    return await _compared(
+        ctx,
+        "Tracing (loopwire: off)",
+        {
+            "tracing-on": {
+                "env": {
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": ctx.model.control,
+                    "OTEL_SERVICE_NAME": "loopwire-bench",
+                }
+            }
+        },
+    )
+
+
 async def context(ctx: Any) -> dict[str, Any]:
     """A context budget never reached (every step estimates its request) and one that cuts the
     40-message history (about 5,000 tokens) to 2,000 on every step, against none."""

@@ -109,6 +109,11 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"n": len(values), "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": values[-1]}
 
 
+async def _traces(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(body=b"", content_type="application/x-protobuf")
+
+
 async def serve(port: int, control_port: int) -> None:
     bench = BenchModel()
     bench.server.respond_with(bench.respond)
@@ -116,6 +121,7 @@ async def serve(port: int, control_port: int) -> None:
     app = web.Application()
     app.router.add_post("/config", bench.config)
     app.router.add_get("/stats", bench.stats)
+    app.router.add_post("/v1/traces", _traces)  # an OTLP/HTTP sink for the tracing scenario
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", control_port).start()
