@@ -73,4 +73,15 @@ ensure_services() {
         fi
         wait_port 127.0.0.1 5432 PostgreSQL
     fi
+    # Prometheus and promtool: the alert rules' tests and the dashboard's end-to-end test
+    if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+        if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+            echo "installing Debian's prometheus package (prometheus, promtool)" >&2
+            DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
+                || { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; } \
+                || echo "warning: could not install prometheus; the alert and dashboard tests will fail" >&2
+        else
+            echo "warning: prometheus and promtool are not installed (apt-get install prometheus)" >&2
+        fi
+    fi
 }

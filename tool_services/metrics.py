@@ -36,6 +36,17 @@ from tool_services.execute import RunOutcome
 UNKNOWN_TOOL: Final = "_unknown"
 
 
+NOT_RUN_REASONS = (
+    "expired",
+    "orphaned",
+    "replayed",
+    "store_unavailable",
+    "undecodable",
+    "unknown_tool",
+)
+"""Why a delivery was answered or dropped without running its tool."""
+
+
 class ToolServiceMetrics:
     def __init__(self, registry: CollectorRegistry, *, tools: Iterable[str] = ()) -> None:
         self.registry = registry
@@ -66,6 +77,8 @@ class ToolServiceMetrics:
         )
         for tool in self.tools:
             self.in_progress.labels(tool)
+            for reason in NOT_RUN_REASONS:  # at 0 from the start: every query has its series
+                self.not_run.labels(tool, reason)
 
     def label(self, tool: str | None) -> str:
         """``tool`` when this service serves it, else ``_unknown``."""

@@ -256,8 +256,11 @@ class WorkerMetrics(LoopObserver):
             buckets=STORE_BUCKETS,
             registry=r,
         )
-        for event_type in EVENT_TYPES:
+        for event_type in EVENT_TYPES:  # at 0 from the start: every query has its series
             self.events.labels(event_type)
+            self.event_errors.labels(event_type)
+        for reason in ("busy", "transient", "failed"):
+            self.retried.labels(reason)
         self._store_ops = {op: self.store_duration.labels(op) for op in STORE_OPERATIONS}
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -335,6 +338,8 @@ class WorkerMetrics(LoopObserver):
             head = agent.route[0]
             model = head.model or (default_model if head.provider == "default" else "")
             self.agents.labels(agent.name, agent.prompt_version or "", head.provider, model).set(1)
+            self.child(self.hints, agent.name)  # at 0: the agent's guard series exist
+            self.child(self.caps, agent.name)
 
     def model_fallback(self, provider: str, error_type: str) -> None:
         self.child(self.fallbacks, provider, error_type).inc()
