@@ -73,6 +73,10 @@ ensure_services() {
         fi
         wait_port 127.0.0.1 5432 PostgreSQL
     fi
+    # RabbitMQ's Prometheus plugin (the dashboard's queue panels read it on :15692)
+    if ! port_open 127.0.0.1 15692 && command -v rabbitmq-plugins >/dev/null; then
+        rabbitmq-plugins enable rabbitmq_prometheus >/dev/null 2>&1 || true
+    fi
     # Prometheus and promtool: the alert rules' tests and the dashboard's end-to-end test
     if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
         if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
