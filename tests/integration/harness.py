@@ -27,6 +27,7 @@ from support_rpc import AMQP_URL, REDIS_URL  # the suite's own vhost and Redis d
 
 from contracts import keys
 from contracts import topology as t
+from contracts.client import LoopwireClient, TurnHandle
 from contracts.codec import decode, encode
 from contracts.events import Event
 from contracts.tools import ToolAnnouncement, ToolCallReply, ToolCallRequest, ToolDefinition
@@ -374,3 +375,14 @@ async def session_history(session_id: str, redis_url: str = REDIS_URL) -> list[A
         return await RedisStore(redis).history(session_id)
     finally:
         await redis.aclose()
+
+
+async def duplicate_and_garbage(client: LoopwireClient, handle: TurnHandle) -> None:
+    """Publish a copy of a finished turn's request (dropped as a duplicate), then a turn
+    message that is not msgpack (dead-lettered as malformed)."""
+    await client.publish(handle.request)
+    await handle.close()
+    await client.channel.default_exchange.publish(
+        aio_pika.Message(b"\xc1garbage", headers={t.H_KIND: t.KIND_START}),
+        routing_key=t.TURNS_QUEUE,
+    )

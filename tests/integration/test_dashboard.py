@@ -17,16 +17,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import aiohttp
 import pytest
 import yaml
 from redis.asyncio import Redis
 from support_rpc import wait_announced
 
-from contracts import topology as t
 from contracts.client import LoopwireClient
-from harness import WorkerProcess, free_port, write_agents
+from harness import WorkerProcess, duplicate_and_garbage, free_port, write_agents
 from worker.testing.replies import Reply
 from worker.testing.scripted_model import ScriptedModel
 
@@ -136,12 +134,7 @@ async def test_every_dashboard_query_returns_series_from_a_real_prometheus(
             answered = await handle.result(30)
             tool_error = await client.run_turn("support", "1/0?", session_id=session, timeout=30)
             failed = await client.run_turn("support", "again", session_id=session, timeout=30)
-            await client.publish(handle.request)  # a duplicate of a finished turn
-            await handle.close()
-            await client.channel.default_exchange.publish(
-                aio_pika.Message(b"\xc1garbage", headers={t.H_KIND: t.KIND_START}),
-                routing_key=t.TURNS_QUEUE,
-            )
+            await duplicate_and_garbage(client, handle)
 
             async def seen(expr: str) -> bool:
                 return bool((await query(expr))["data"]["result"])

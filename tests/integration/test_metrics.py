@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import aiohttp
 import openai
 import pytest
@@ -25,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from support_rpc import wait_announced
 
-from contracts import topology as t
 from contracts.client import LoopwireClient
 from contracts.events import EVENT_TYPES
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
@@ -34,6 +32,7 @@ from harness import (
     CountingToolService,
     EventRecorder,
     WorkerProcess,
+    duplicate_and_garbage,
     free_port,
     session_history,
     write_agents,
@@ -267,12 +266,7 @@ async def test_metrics_change_as_expected_after_real_turns(
         handle = await client.start_turn("support", "refunds?", session_id=session)
         answered = await handle.result(30)
         failed = await client.run_turn("support", "again", session_id=session, timeout=30)
-        await client.publish(handle.request)  # a duplicate of a finished turn
-        await handle.close()
-        await client.channel.default_exchange.publish(
-            aio_pika.Message(b"\xc1garbage", headers={t.H_KIND: t.KIND_START}),
-            routing_key=t.TURNS_QUEUE,
-        )
+        await duplicate_and_garbage(client, handle)
 
         async def transport_counted() -> bool:
             s = await scrape(worker.port)
