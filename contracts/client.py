@@ -37,6 +37,7 @@ from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
 from contracts.runtime.tracing import inject
 from contracts.session_client import Sessions
+from contracts.streaming import StreamText, follow_text
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 
 log = logging.getLogger("loopwire.client")
@@ -65,9 +66,14 @@ class TurnHandle:
     """A published turn: iterate its events, await its result."""
 
     def __init__(
-        self, request: TurnRequest, queue: AbstractQueue, channel: AbstractChannel
+        self,
+        request: TurnRequest,
+        queue: AbstractQueue,
+        channel: AbstractChannel,
+        sessions: Sessions | None = None,
     ) -> None:
         self.request = request
+        self._sessions = sessions
         self.turn_id = request.turn_id
         self._queue = queue
         self._channel = channel
@@ -123,6 +129,21 @@ class TurnHandle:
             yield item
             if item.type in FINAL_EVENTS:
                 return
+
+    async def stream(self) -> AsyncIterator[StreamText | TurnResult]:
+        """The text of the turn's answers as it arrives (``StreamText``: step, text,
+        ``restarted``), ending with the ``TurnResult``; a step whose deltas were missed is
+        filled in from its saved text (``contracts.streaming``). The turn streams when its
+        request or its agent's profile asks (``start_turn(..., stream=True)``). Reads the same
+        stream as ``events()``: use one of the two."""
+        sessions = self._sessions or Sessions(self._channel)
+
+        async def read_text(step: int) -> str | None:
+            return await sessions.text(self.request.session_id, self.turn_id, step)
+
+        async for piece in follow_text(self.events(), read_text):
+            yield piece
+        yield await self.result(None)
 
     async def accepted(self, timeout: float | None = 300.0) -> None:
         """Wait until a worker accepted the turn into its session's queue (``turn.accepted``).
@@ -281,10 +302,12 @@ class LoopwireClient:
         metadata: dict[str, Any] | None = None,
         deadline: float | None = None,
         timeout_s: float | None = None,
+        stream: bool | None = None,
     ) -> TurnHandle:
         """Publish a turn. ``deadline`` (Unix time) or ``timeout_s`` (from now) bounds it: the
         model and tool calls get at most the time left, and a turn past it ends as
-        ``cancelled`` with ``stopped_by: deadline``."""
+        ``cancelled`` with ``stopped_by: deadline``. ``stream``: stream the answers' text
+        (``handle.stream()``), or not, whatever the agent's profile says."""
         if timeout_s is not None:
             deadline = min(deadline or math.inf, time.time() + timeout_s)
         texts = [input] if isinstance(input, str) else list(input)
@@ -301,8 +324,9 @@ class LoopwireClient:
             metadata=metadata or {},
             reply_to=queue.name,
             deadline=deadline,
+            stream=stream,
         )
-        handle = TurnHandle(request, queue, self.channel)
+        handle = TurnHandle(request, queue, self.channel, self.sessions)
         await handle._start()
         self._waiting[turn_id] = handle
         handle._closed = lambda: self._waiting.pop(turn_id, None)

@@ -43,6 +43,7 @@ EventType = Literal[
     "model.requested",
     "model.responded",
     "state.updated",
+    "message.delta",
 ]
 EVENT_TYPES: tuple[EventType, ...] = EventType.__args__  # type: ignore[attr-defined]
 OPT_IN_EVENTS: tuple[EventType, ...] = ("model.requested", "model.responded")
@@ -216,6 +217,17 @@ class StateUpdated(Contract):
     keys: tuple[str, ...]
 
 
+class MessageDelta(Contract):
+    """Text of a step's answer as the model streams it (the event's ``step``), coalesced: a
+    publish carries what arrived since the last. ``seq`` counts the step's deltas from 0;
+    ``restarted``: the step's text starts over with this delta (a worker redid the step, or
+    the model was asked again): drop what arrived of the step before it."""
+
+    seq: int = Field(ge=0)
+    text: str
+    restarted: bool = Field(default=False, exclude_if=lambda value: not value)
+
+
 class TurnRejected(Contract):
     reason: str = Field(max_length=2000)
     code: str = Field(max_length=64)
@@ -239,6 +251,7 @@ EventData = (
     | ModelRequested
     | ModelResponded
     | StateUpdated
+    | MessageDelta
 )
 
 

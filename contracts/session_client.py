@@ -65,6 +65,14 @@ class Sessions:
         reply = await self._read(query, missing_ok=True)
         return reply.result
 
+    async def text(self, session_id: str, turn_id: str, step: int) -> str | None:
+        """The saved text of one step's answer, or ``None`` when it is not saved: what a
+        subscriber that missed ``message.delta`` events reads once the step is saved (while the
+        turn runs; for its last step, also after it ended)."""
+        query = SessionQuery(op="text", session_id=session_id, turn_id=turn_id, step=step)
+        reply = await self._read(query, missing_ok=True)
+        return reply.text
+
     async def delete(
         self, session_id: str, *, reason: str = "deleted", by: str | None = None
     ) -> int:

@@ -23,13 +23,15 @@ from contracts.messages import ChatMessage
 from contracts.state import Spend
 from contracts.turns import FinishReason, TurnResult
 
-QueryOp = Literal["get", "history", "turns", "result"]
+QueryOp = Literal["get", "history", "turns", "result", "text"]
 TurnStatus = Literal["queued", "running", "waiting", "done"]
 
 
 class SessionQuery(Contract):
     """A read: ``get`` (the summary), ``history`` (a page of messages), ``turns`` (the turns
-    with their status), ``result`` (a turn's result: ``turn_id``, ``session_id`` optional)."""
+    with their status), ``result`` (a turn's result: ``turn_id``, ``session_id`` optional),
+    ``text`` (the saved text of one step's answer: ``session_id``, ``turn_id``, ``step``; while
+    the turn runs, and for its last step once it has ended)."""
 
     schema_version: Literal[1] = 1
     op: QueryOp
@@ -38,11 +40,19 @@ class SessionQuery(Contract):
     offset: int = Field(default=0, ge=0, description="Messages to skip (from the chosen end).")
     limit: int = Field(default=100, ge=1, le=1000)
     newest_first: bool = False
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="With op 'text': the step.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
 
     @model_validator(mode="after")
     def _names_what_it_reads(self) -> SessionQuery:
-        if self.op == "result" and self.turn_id is None:
-            raise ValueError("op 'result' needs turn_id")
+        if self.op in ("result", "text") and self.turn_id is None:
+            raise ValueError(f"op {self.op!r} needs turn_id")
+        if self.op == "text" and self.step is None:
+            raise ValueError("op 'text' needs step")
         if self.op != "result" and self.session_id is None:
             raise ValueError(f"op {self.op!r} needs session_id")
         return self
@@ -89,3 +99,8 @@ class SessionReply(Contract):
     turns: tuple[TurnInfo, ...] = ()
     result: TurnResult | None = None
     deleted_keys: int | None = None
+    text: str | None = Field(
+        default=None,
+        description="op 'text': the step's saved text.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )

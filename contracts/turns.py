@@ -138,6 +138,12 @@ class TurnRequest(Contract):
         description="Set on a child turn: its result goes to the parent as turn.child_result.",
         exclude_if=lambda value: value is None,  # added to v1: written only when set
     )
+    stream: bool | None = Field(
+        default=None,
+        description="Stream the model's text as message.delta events (true), or not (false), "
+        "whatever the agent's profile says; None: as the profile says.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
     traceparent: str | None = Field(
         default=None,
         pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",

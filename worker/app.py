@@ -27,6 +27,7 @@ from worker.errors import ProfileError
 from worker.heap import HeapTrimmer, malloc_trim
 from worker.hooksets import HookSets
 from worker.loop import Loop
+from worker.loop.streaming import StreamSettings
 from worker.metrics import CountingSink, WorkerMetrics, build_info
 from worker.model.providers import build_models, check_providers, endpoints
 from worker.profile_source import ProfileSource
@@ -162,7 +163,9 @@ class Worker:
                     tokens_per_minute=s.model.tokens_per_minute,
                 )
 
-            def loop_factory(session: StepSession, profile: AgentProfile) -> Loop:
+            streaming = StreamSettings(s.stream_interval_s, s.stream_max_chars)
+
+            def loop_factory(session: StepSession, profile: AgentProfile, redone: bool) -> Loop:
                 return Loop(
                     model=model,
                     tools=tools,
@@ -175,6 +178,8 @@ class Worker:
                     ledger=store,
                     limiter=limiter,
                     announced=announced,
+                    stream_settings=streaming,
+                    redone=redone,
                 )
 
             records = SessionRecords(redis)

@@ -39,7 +39,7 @@ class Controls:
 
     store: SessionStore
     profiles: ProfileLookup
-    loop_factory: Callable[[StepSession, AgentProfile], Loop]
+    loop_factory: Callable[[StepSession, AgentProfile, bool], Loop]
     events: EventSink
     clock: Callable[[], float]
     observer: LoopObserver
@@ -230,7 +230,7 @@ class Controls:
         profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
         if state is None or ex is None:
             state = new_execution(state, request, profile, self.clock())
-        loop = self.loop_factory(session, profile)
+        loop = self.loop_factory(session, profile, False)
         content = ex.last_content if ex else None
         finished = await loop.end(_cancelled(state, cancel), profile, "cancelled", content)
         if ex is not None and ex.wait is not None:

@@ -61,7 +61,8 @@ from worker.tracing import Tracing
 
 log = logging.getLogger("loopwire.sequencer")
 
-LoopFactory = Callable[[StepSession, AgentProfile], Loop]
+LoopFactory = Callable[[StepSession, AgentProfile, bool], Loop]
+"""The loop of one step: its session, the agent, whether the step may have run before."""
 Deliver = Callable[[TurnResult], Awaitable[TurnResult]]
 
 
@@ -140,7 +141,9 @@ class SessionSequencer(Controls, Erasure):
             return [first_step(request.session_id, request.turn_id)]
         return []
 
-    async def on_step(self, work: StepWork) -> list[Action]:
+    async def on_step(self, work: StepWork, *, redone: bool = False) -> list[Action]:
+        """Run one step of ``work``'s turn; ``redone``: its message was taken before (a
+        streamed answer's first delta says ``restarted``)."""
         session = await self.store.take(work.session_id, work.turn_id)
         if session is None:
             return [Busy()]
@@ -156,7 +159,7 @@ class SessionSequencer(Controls, Erasure):
 
         self.leases.hold(session, f"{work.turn_id}#{work.step}", cancelled)
         try:
-            return await self._run(session, work, cancelled)
+            return await self._run(session, work, cancelled, redone)
         except asyncio.CancelledError:
             if not abandoned or task.cancelling() > 1:
                 raise  # the worker is stopping
@@ -170,10 +173,10 @@ class SessionSequencer(Controls, Erasure):
                 await self.store.release(session)
 
     async def _run(
-        self, session: StepSession, work: StepWork, abandon: Callable[[], None]
+        self, session: StepSession, work: StepWork, abandon: Callable[[], None], redone: bool
     ) -> list[Action]:
         failpoints.hit("step_begin")
-        ready = await self._resolve(session, work)
+        ready = await self._resolve(session, work, redone)
         if isinstance(ready, list):
             return ready
         if self.tracing is None:
@@ -213,7 +216,9 @@ class SessionSequencer(Controls, Erasure):
             )
         ]
 
-    async def _resolve(self, session: StepSession, work: StepWork) -> _Stepping | list[Action]:
+    async def _resolve(
+        self, session: StepSession, work: StepWork, redone: bool = False
+    ) -> _Stepping | list[Action]:
         """What this step message asks for: the step to run (its loop already holding the
         state), or what to do instead (a stale or duplicate message, a finished turn)."""
         state = session.take_state()
@@ -255,7 +260,7 @@ class SessionSequencer(Controls, Erasure):
         ex = turn_of(state) if state.execution else None
         wait = ex.wait if ex is not None else None
         waited = wait.call_ids if wait is not None and wait.kind == "approval" else ()
-        stepping = self.loop_factory(session, profile).step(state, profile)
+        stepping = self.loop_factory(session, profile, redone).step(state, profile)
         return _Stepping(stepping, request, waited, turn_of(state).trace)
 
     def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:
@@ -303,7 +308,7 @@ class SessionSequencer(Controls, Erasure):
                 if self.tracing is not None:
                     state = self.tracing.begin(state)
             error = TurnError(code=code[:64], message=reason[:4000])
-            loop = self.loop_factory(session, profile)
+            loop = self.loop_factory(session, profile, False)
             content = ex.last_content if ex else None
             finished = await loop.end(state, profile, "error", content, error=error)
             return await self._finished(finished, request, session)

@@ -157,6 +157,19 @@ class Settings(BaseSettings):
         '"tool.*", "model.*"]); default: every type but model.requested and model.responded; '
         "[]: none.",
     )
+    stream_interval_s: float = Field(
+        default=0.05,
+        gt=0,
+        le=10,
+        description="A streamed answer publishes at most one message.delta per this interval "
+        "(the first piece at once, the rest at the end)...",
+    )
+    stream_max_chars: int = Field(
+        default=400,
+        ge=1,
+        le=100_000,
+        description="...unless this many characters piled up before it.",
+    )
     model: ModelSettings = ModelSettings()
     memory: MemorySettings = MemorySettings()
     providers: dict[str, ProviderSettings] = Field(

@@ -134,6 +134,25 @@ async def tracing(ctx: Any) -> dict[str, Any]:
     )
 
 
+STREAMED_CHARS = 1200
+"""About 300 output tokens a step."""
+
+
+async def streaming(ctx: Any) -> dict[str, Any]:
+    """Every step's answer carries about 300 tokens of text besides its tool call, streamed
+    (message.delta events, coalesced as configured) against the same answers not streamed
+    (loopwire)."""
+    await ctx.model.configure(delay=0, content_chars=STREAMED_CHARS)
+    try:
+        return await _compared(
+            ctx,
+            f"Streaming, answers of {STREAMED_CHARS} characters (loopwire: not streamed)",
+            {"streaming": {"agent_extra": {"stream": True}}},
+        )
+    finally:
+        await ctx.model.configure(delay=0, content_chars=0)
+
+
 async def context(ctx: Any) -> dict[str, Any]:
     """A context budget never reached (every step estimates its request) and one that cuts the
     40-message history (about 5,000 tokens) to 2,000 on every step, against none."""

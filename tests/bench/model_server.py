@@ -7,6 +7,7 @@ system picks); it prints ``ready <port> <control port>`` once both listen.
 Control (HTTP on the control port):
 
 - ``POST /config`` ``{"delay": 2.0}``: the model's answer delay for requests from now on;
+  ``{"content_chars": 1200}``: the text each tool-calling answer carries (0: none);
 A request that offers the sub-agent ``SUB_AGENT`` is answered with a call to it, one that
 offers no tool (the sub-agent's own) with a text answer.
 
@@ -32,6 +33,8 @@ from aiohttp import web
 
 from tests.bench.workload import SUB_AGENT, TOOL, TOOL_ARGUMENTS, turn_of
 from worker.testing.scripted_model import Reply, ScriptedModel
+
+PROSE = "Let me work that out step by step before I answer you. "
 
 
 class BenchModel:
@@ -80,6 +83,10 @@ class BenchModel:
     async def config(self, request: web.Request) -> web.Response:
         data = await request.json()
         self.delay = float(data.get("delay", self.delay))
+        if "content_chars" in data:  # the text each tool-calling answer carries (streamed or not)
+            chars = int(data["content_chars"])
+            text = (PROSE * (chars // len(PROSE) + 1))[:chars] or None
+            self.reply = Reply.tool_calls((TOOL, TOOL_ARGUMENTS), content=text)
         self.epoch += 1
         return web.json_response({"delay": self.delay})
 

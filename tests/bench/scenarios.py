@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import micro
-from tests.bench.composed import context, events, subagent, tracing
+from tests.bench.composed import context, events, streaming, subagent, tracing
 from tests.bench.controls_micro import unused_controls
 from tests.bench.held import VARIANTS as HELD_VARIANTS
 from tests.bench.load import Driver, Window
@@ -621,4 +621,5 @@ SCENARIOS = {
     "context": context,
     "events": events,
     "tracing": tracing,
+    "streaming": streaming,
 }

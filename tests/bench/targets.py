@@ -55,10 +55,14 @@ class ModelServer:
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.control = f"http://127.0.0.1:{control}"
 
-    async def configure(self, delay: float) -> None:
+    async def configure(self, delay: float, content_chars: int | None = None) -> None:
+        """The answer delay; ``content_chars``: the text each tool-calling answer carries."""
+        config: dict[str, Any] = {"delay": delay}
+        if content_chars is not None:
+            config["content_chars"] = content_chars
         async with (
             aiohttp.ClientSession() as session,
-            session.post(f"{self.control}/config", json={"delay": delay}) as response,
+            session.post(f"{self.control}/config", json=config) as response,
         ):
             response.raise_for_status()
 

@@ -8,6 +8,7 @@ from contracts.events import (
     ChildStarted,
     EventData,
     MemoryUpdated,
+    MessageDelta,
     ModelRequested,
     ModelResponded,
     SessionDeleted,
@@ -20,6 +21,7 @@ LATER_EVENT_DATA: dict[str, EventData] = {
     "model.responded": ModelResponded(
         model="gpt-x-2026", finish_reason="tool_calls", usage=Usage(), duration_s=0.75
     ),
+    "message.delta": MessageDelta(seq=3, text="the answer so", restarted=True),
     "state.updated": StateUpdated(call_id="call_1", tool="keep", keys=("cart", "step")),
     "memory.updated": MemoryUpdated(scope="user", memory_id="m1", action="remembered"),
     "session.deleted": SessionDeleted(

@@ -708,7 +708,7 @@ class SlotLimiter:
 def throttling_rig(model: ScriptedAnswers, limiter: SlotLimiter | None = None) -> SessionSequencer:
     store = MemoryStore()
 
-    def loop_factory(session: StepSession, _profile: AgentProfile) -> Loop:
+    def loop_factory(session: StepSession, _profile: AgentProfile, redone: bool) -> Loop:
         return Loop(
             model=model,
             tools=FunctionTools({"lookup": lookup}),

@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="the turn's deadline, from now: past it, it ends as cancelled",
     )
+    turn.add_argument(
+        "--stream",
+        action="store_true",
+        help="stream the answer: print its text as the model writes it",
+    )
 
     cancel = sub.add_parser("cancel", help="cancel a turn wherever it is (turn.cancel)")
     cancel.add_argument("turn_id", help="the turn's id")
@@ -188,6 +193,7 @@ def _run(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
                 max_iterations=args.max_iterations,
                 deadline_s=args.deadline,
+                stream=args.stream,
             )
         )
     if args.command == "cancel":

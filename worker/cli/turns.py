@@ -39,17 +39,27 @@ async def run_turn_command(
     timeout: float,
     max_iterations: int | None,
     deadline_s: float | None = None,
+    stream: bool = False,
 ) -> int:
     async with connect(amqp_url) as client:
         limits = LimitOverrides(max_tool_iterations=max_iterations)
         handle = await client.start_turn(
-            agent, text, session_id=session, limits=limits, timeout_s=deadline_s
+            agent,
+            text,
+            session_id=session,
+            limits=limits,
+            timeout_s=deadline_s,
+            stream=True if stream else None,
         )
         try:
-            result = await _wait(handle, follow=follow, as_json=as_json, timeout=timeout)
+            if stream and not as_json:
+                result = await _streamed(handle, timeout=timeout)
+            else:
+                result = await _wait(handle, follow=follow, as_json=as_json, timeout=timeout)
         finally:
             await handle.close()
-    print_result(result, as_json=as_json)
+    if not stream or as_json:
+        print_result(result, as_json=as_json)
     if result.finish_reason == "max_iterations":
         sys.stderr.write("note: the turn hit its iteration cap; the text above is not an answer\n")
         return EXIT_MAX_ITERATIONS
@@ -80,6 +90,33 @@ async def _wait(handle: TurnHandle, *, follow: bool, as_json: bool, timeout: flo
         progress.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await progress
+
+
+async def _streamed(handle: TurnHandle, *, timeout: float) -> TurnResult:
+    """--stream: the answers' text on stdout as it arrives (a step that starts over begins a
+    new line), then the result's text when nothing was streamed (the agent did not stream)."""
+    printed = False
+    try:
+        async with asyncio.timeout(timeout):
+            async for piece in handle.stream():
+                if isinstance(piece, TurnResult):
+                    if not printed:
+                        sys.stdout.write(piece.content or "")
+                    sys.stdout.write("\n")
+                    sys.stdout.flush()
+                    return piece
+                if piece.restarted and printed:
+                    sys.stdout.write("\n")
+                sys.stdout.write(piece.text)
+                sys.stdout.flush()
+                printed = printed or bool(piece.text)
+    except TurnRejectedError as exc:
+        raise CliError(f"turn rejected: {exc.reason}", EXIT_TURN_FAILED) from None
+    except TimeoutError:
+        raise CliError(
+            f"no answer within {timeout:g} s; turn {handle.turn_id} may still be queued or running"
+        ) from None
+    raise CliError(f"turn {handle.turn_id}: its events ended without a result")
 
 
 async def _show_progress(

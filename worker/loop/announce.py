@@ -6,11 +6,20 @@ Events only observe: a publish that fails is logged and the turn goes on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from contracts.events import EventData, EventType, StepCompleted, TurnFinished, make_event
+from contracts.events import (
+    EventData,
+    EventType,
+    MessageDelta,
+    StepCompleted,
+    TurnFinished,
+    make_event,
+)
 from contracts.messages import Usage
 from contracts.state import AgentState, StepExecution
 from worker.loop.ports import EventSink
+from worker.loop.streaming import Publish
 
 log = logging.getLogger("loopwire.loop")
 
@@ -46,6 +55,40 @@ async def announce(
         await events.emit(event)
     except Exception:
         log.exception("could not publish %s for turn %s", event_type, turn_id)
+
+
+def delta_publisher(
+    events: EventSink, state: AgentState, step: int, clock: Callable[[], float]
+) -> Publish:
+    """Publishes a step's ``message.delta`` events; it keeps the few fields of the state an
+    event names, not the state (held while the model writes)."""
+    ex = state.execution
+    assert ex is not None
+    agent, turn_id, session_id, parent = (
+        ex.request.agent,
+        ex.turn_id,
+        state.session_id,
+        ex.request.parent,
+    )
+
+    async def publish(delta: MessageDelta, id_suffix: str) -> None:
+        event = make_event(
+            "message.delta",
+            delta,
+            agent=agent,
+            time=clock(),
+            turn_id=turn_id,
+            session_id=session_id,
+            step=step,
+            id_suffix=id_suffix,
+            parent=parent,
+        )
+        try:
+            await events.emit(event)
+        except Exception:
+            log.exception("could not publish message.delta for turn %s", turn_id)
+
+    return publish
 
 
 async def announce_step(

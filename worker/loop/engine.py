@@ -42,6 +42,7 @@ from contracts.state import (
     Wait,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest
+from worker.loop.announce import delta_publisher
 from worker.loop.approvals import undecided
 from worker.loop.budgets import configured, turn_spend
 from worker.loop.children import agent_tools, unanswered_children
@@ -63,6 +64,7 @@ from worker.loop.ports import (
 )
 from worker.loop.request import compile_messages, model_request
 from worker.loop.spec import AgentSpec
+from worker.loop.streaming import DEFAULT_STREAM, StepStream, StreamSettings
 from worker.loop.tools import ToolRunner
 from worker.loop.turn import (
     closed,
@@ -90,7 +92,9 @@ class Loop(Completion):
         "model",
         "observer",
         "price",
+        "redone",
         "store",
+        "stream_settings",
         "tools",
     )
 
@@ -109,8 +113,15 @@ class Loop(Completion):
         ledger: SpendLedger | None = None,
         limiter: RateLimiter | None = None,
         announced: frozenset[str] = frozenset(DEFAULT_EVENTS),
+        stream_settings: StreamSettings = DEFAULT_STREAM,
+        redone: bool = False,
     ) -> None:
         self.announced = announced
+        self.stream_settings = stream_settings
+        """How a streamed answer's deltas are coalesced."""
+        self.redone = redone
+        """The step may have run before (its message was redelivered): a streamed answer's
+        first delta says ``restarted``."""
         """The event types published (``LOOPWIRE_EVENTS``): the opt-in ones are not even built
         unless named."""
         self.model = model
@@ -189,6 +200,11 @@ class Loop(Completion):
         if ex.pending is not None:
             if ex.status == "waiting":
                 return RunAgain(state)  # parked: the approval gate decides what happens
+            response = ex.pending.response
+            if response is not None and self._streams(agent, state):  # re-streamed, saved
+                await self._stream(state, ex.pending.index, True).replay(
+                    response.message.content or ""
+                )
             return RunAgain(await self._redispatch(state))
         if ex.status == "waiting":  # throttled, and its slot has come: on to the model
             state = await self._save(with_execution(state, status="in_progress", wait=None))
@@ -227,7 +243,8 @@ class Loop(Completion):
         else:  # the last call of a spent budget: no tools, and a note to answer now
             offered = []
             messages = [*messages, ChatMessage(role="user", content=agent.budget_note)]
-        request = model_request(state, agent, messages, offered, self.clock())
+        stream = self._stream(state, index, self.redone) if self._streams(agent, state) else None
+        request = model_request(state, agent, messages, offered, self.clock(), stream)
         if self.limiter is not None:
             wait = await self.limiter.admit(messages, request.max_tokens)
             if wait > 0:
@@ -257,6 +274,16 @@ class Loop(Completion):
             raw_tokens=fitted.raw_tokens if fitted is not None else None,
             summarized=fitted.summarized if fitted is not None else False,
         )
+
+    def _streams(self, agent: AgentSpec, state: AgentState) -> bool:
+        """Whether this turn's answers are streamed: the request says so, or else the profile;
+        never when ``message.delta`` is not published."""
+        wanted = turn_of(state).request.stream
+        return (agent.stream if wanted is None else wanted) and "message.delta" in self.announced
+
+    def _stream(self, state: AgentState, index: int, restarted: bool) -> StepStream:
+        publish = delta_publisher(self.events, state, index, self.clock)
+        return StepStream(publish, self.stream_settings, restarted=restarted)
 
     async def _redispatch(self, state: AgentState) -> AgentState:
         """The tool phase is redone (the worker that saved the model's answer did not finish

@@ -43,6 +43,25 @@ class ModelRequest:
     """The models to ask next, in order, when this one fails (provider, model)."""
     agent: str | None = None
     """The agent whose turn asks (for traces)."""
+    stream: TextStream | None = None
+    """Stream the answer's text here as it arrives (``worker.loop.streaming``); ``None``: the
+    answer comes whole."""
+
+
+class TextStream(Protocol):
+    """Where a streaming model call sends the answer's text as it arrives."""
+
+    def begin(self) -> None:
+        """An attempt at the call starts (a retry drops what the earlier one sent)."""
+        ...
+
+    async def text(self, piece: str) -> None:
+        """A piece of the answer's text."""
+        ...
+
+    async def end(self) -> None:
+        """The answer is complete."""
+        ...
 
 
 class Model(Protocol):

@@ -10,7 +10,7 @@ from contracts.state import AgentState
 from contracts.tools import ToolDefinition
 from worker.loop.hooks import Hook, HookContext, rewrites_messages
 from worker.loop.output import response_format, schema_of
-from worker.loop.ports import ModelRequest, StateStore
+from worker.loop.ports import ModelRequest, StateStore, TextStream
 from worker.loop.spec import AgentSpec
 from worker.loop.transcript import Transcript
 
@@ -38,6 +38,7 @@ def model_request(
     messages: Sequence[ChatMessage],
     tools: Sequence[ToolDefinition],
     now: float = 0.0,
+    stream: TextStream | None = None,
 ) -> ModelRequest:
     """The session's model settings over the agent's; a turn with a deadline gives the call at
     most the time left (``now``: the loop's clock)."""
@@ -59,4 +60,5 @@ def model_request(
         ),
         timeout_s=None if deadline is None else deadline - now,
         agent=agent.name,
+        stream=stream,
     )

@@ -114,6 +114,12 @@ class AgentSpec(Contract):
         default=2, ge=0, le=10, description="Invalid answers sent back to the model to repair."
     )
 
+    stream: bool = Field(
+        default=False,
+        description="Stream the model's text as message.delta events (a turn request may say "
+        "otherwise).",
+    )
+
     agents: tuple[SubAgent, ...] = Field(
         default=(),
         max_length=64,

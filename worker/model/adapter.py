@@ -47,9 +47,10 @@ from openai import AsyncOpenAI
 from contracts.messages import ChatMessage, ToolCall, Usage
 from contracts.state import ModelResponse
 from worker.errors import ModelError
-from worker.loop.ports import ModelRequest
+from worker.loop.ports import ModelRequest, TextStream
 from worker.loop.transcript import wire_messages
 from worker.model.http import ChatOptions, chat_options, retry_after_s
+from worker.model.sse import read_stream
 
 log = logging.getLogger("loopwire.model")
 
@@ -70,6 +71,9 @@ def build_body(request: ModelRequest, default_model: str) -> dict[str, Any]:
         body["max_tokens"] = request.max_tokens
     if request.response_format is not None:
         body["response_format"] = request.response_format
+    if request.stream is not None:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
     body.update(request.extra)
     return body
 
@@ -154,17 +158,20 @@ class OpenAIModel:
         """Encode the request now; the answer comes from the returned awaitable, which holds
         only the encoded body (the client's retries resend those very bytes)."""
         body = encode_body(request, self.default_model)
-        return self._send(chat_options(body, request.timeout_s))
+        return self._send(chat_options(body, request.timeout_s), request.stream)
 
-    async def _send(self, options: ChatOptions) -> ModelResponse:
+    async def _send(self, options: ChatOptions, stream: TextStream | None) -> ModelResponse:
         attempts = self.bad_response_retries + 1
         for attempt in range(1, attempts + 1):
             started = time.monotonic()
             try:
-                response = await self.client.request(httpx2.Response, options)
-                answer = parse_completion(
-                    orjson.loads(response.content), time.monotonic() - started
-                )
+                if stream is None:
+                    response = await self.client.request(httpx2.Response, options)
+                    answer = parse_completion(
+                        orjson.loads(response.content), time.monotonic() - started
+                    )
+                else:
+                    answer = await self._streamed(options, stream, started)
                 if self.provider is not None:
                     answer = answer.model_copy(update={"provider": self.provider})
                 return answer
@@ -178,7 +185,12 @@ class OpenAIModel:
                         else None
                     ),
                 ) from exc
-            except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            except (
+                openai.APITimeoutError,
+                openai.APIConnectionError,
+                httpx2.TransportError,
+            ) as exc:
+                # (a transport error: a stream that broke off while it was being read)
                 raise ModelError(
                     f"model endpoint unreachable: {_short(str(exc))}", code="model_unavailable"
                 ) from exc
@@ -192,6 +204,24 @@ class OpenAIModel:
                         code="model_bad_response",
                     ) from exc
         raise AssertionError("unreachable")
+
+    async def _streamed(
+        self, options: ChatOptions, stream: TextStream, started: float
+    ) -> ModelResponse:
+        """One streamed attempt (``worker.model.sse``); the client's retries (5xx, dropped
+        connections) happen before the first byte of the answer, as for a whole one."""
+        stream.begin()
+        raw: Any = await self.client.request(httpx2.Response, options, stream=True)
+        response: httpx2.Response = raw
+        try:
+            answer = await read_stream(response, stream, started)
+        finally:
+            await response.aclose()
+        if answer is None:  # the server sent the whole completion instead
+            answer = parse_completion(orjson.loads(response.content), time.monotonic() - started)
+            await stream.text(answer.message.content or "")
+            await stream.end()
+        return answer
 
 
 def _short(text: str, limit: int = 500) -> str:

@@ -107,6 +107,25 @@ class SessionRecords:
         blob = await self.redis.get(keys.turn_result(session_id, turn_id))
         return decode(_bytes(blob), TurnResult) if blob else None
 
+    async def step_text(self, session_id: str, turn_id: str, step: int) -> str | None:
+        """The saved text of one step's answer (``""`` for an answer with none): from the state
+        while the turn runs, from the result for the last step of a turn that has ended; None
+        when it is not saved (yet, or any more)."""
+        state = await self.state(session_id)
+        ex = state.execution if state is not None else None
+        if ex is not None and ex.turn_id == turn_id:
+            if step < len(ex.steps):
+                response = ex.steps[step].step.response
+                return (response.message.content or "") if response is not None else None
+            pending = ex.pending
+            if pending is not None and pending.index == step and pending.response is not None:
+                return pending.response.message.content or ""
+            return None
+        result = await self.result(turn_id, session_id)
+        if result is not None and result.steps == step + 1:
+            return result.content or ""
+        return None
+
     async def unfinished(self, session_id: str) -> list[str]:
         """The session's turns not finished yet, the running one first."""
         return [_text(t) for t in await self.redis.lrange(keys.session_queue(session_id), 0, -1)]

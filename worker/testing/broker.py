@@ -69,8 +69,10 @@ class MemoryDelivery:
         correlation_id: str | None = None,
         reply_to: str | None = None,
         content_type: str | None = t.CONTENT_TYPE,
+        redelivered: bool = False,
     ) -> None:
         self.body = body
+        self.redelivered = redelivered
         self.headers: dict[str, Any] = dict(headers or {})
         self.message_id = message_id
         self.correlation_id = correlation_id

@@ -33,6 +33,10 @@ class Reply:
     message: str = ""
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes = b""
+    chunk_delay: float = 0.0
+    """Streamed (a request with ``stream: true``): seconds between chunks."""
+    cut_after: int | None = None
+    """Streamed: the stream breaks off after this many chunks (no final chunk, no [DONE])."""
 
     @staticmethod
     def text(
@@ -41,14 +45,20 @@ class Reply:
         usage: tuple[int, int] | None = None,
         delay: float = 0.0,
         finish_reason: str | None = None,
+        chunk_delay: float = 0.0,
+        cut_after: int | None = None,
     ) -> Reply:
-        """A plain assistant message (finish_reason "stop" unless given, e.g. "length")."""
+        """A plain assistant message (finish_reason "stop" unless given, e.g. "length").
+        Streamed when the request asks: ``chunk_delay`` between chunks, ``cut_after`` chunks
+        before the stream breaks off."""
         return Reply(
             kind="completion",
             content=content,
             usage=usage,
             delay=delay,
             finish_reason=finish_reason,
+            chunk_delay=chunk_delay,
+            cut_after=cut_after,
         )
 
     @staticmethod

@@ -39,6 +39,7 @@ from worker.testing.replies import (
     estimate_prompt_tokens,
     summarize,
 )
+from worker.testing.streamed import stream_chunks
 
 __all__ = ["Reply", "Responder", "ScriptedModel", "echo_responder"]
 
@@ -89,6 +90,8 @@ class ScriptedModel:
         self.embedded = 0
         """Texts embedded so far (``/v1/embeddings``)."""
         self.requests: list[dict[str, Any]] = []
+        self.streamed = 0
+        """Answers sent as server-sent events (requests with ``stream: true``)."""
         self.failures: list[str] = []
         self._expectations: deque[_Expectation] = deque()
         self._responder: Responder | None = None
@@ -215,7 +218,7 @@ class ScriptedModel:
         }
         return web.Response(body=json.dumps(payload).encode(), content_type="application/json")
 
-    async def _handle_chat(self, request: web.Request) -> web.Response:
+    async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -235,7 +238,35 @@ class ScriptedModel:
             return _error_response(500, f"scripted model: unexpected call #{number}")
         if reply.delay > 0:
             await self._sleep(reply.delay)
+        if body.get("stream") is True and reply.kind == "completion":
+            return await self._stream(request, self._completion(reply, body), reply, body)
         return self._render(reply, body)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        completion: dict[str, Any],
+        reply: Reply,
+        body: dict[str, Any],
+    ) -> web.StreamResponse:
+        """The completion as server-sent events, as OpenAI streams it: the text in pieces of a
+        few characters (about a token each), each tool call's id and name and then its
+        arguments in pieces, the finish reason, the usage when ``stream_options.include_usage``
+        asks, then ``[DONE]``."""
+        self.streamed += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        options = body.get("stream_options")
+        with_usage = isinstance(options, dict) and options.get("include_usage") is True
+        for number, chunk in enumerate(stream_chunks(completion, with_usage)):
+            if reply.cut_after is not None and number >= reply.cut_after:
+                return response  # broken off: no final chunk, no [DONE]
+            if number and reply.chunk_delay > 0:
+                await self._sleep(reply.chunk_delay)
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     async def _sleep(self, delay: float) -> None:
         task = asyncio.current_task()

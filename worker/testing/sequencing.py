@@ -36,7 +36,7 @@ def sequencer_over(
     """Every agent in ``agents`` (a name: a profile with defaults) may use every tool of
     ``definitions``."""
 
-    def loop_factory(session: StepSession, _profile: AgentProfile) -> Loop:
+    def loop_factory(session: StepSession, _profile: AgentProfile, redone: bool) -> Loop:
         return Loop(
             model=model
             if tracing is None
@@ -50,6 +50,7 @@ def sequencer_over(
             price=price,
             ledger=ledger,
             announced=frozenset(DEFAULT_EVENTS) if announced is None else announced,
+            redone=redone,
         )
 
     return SessionSequencer(

@@ -149,7 +149,8 @@ class Consumer:
                     f"delivered {deliveries + 1} times without being done (it may crash workers)",
                     code="poison",
                 )
-            return await self._perform(await self._dispatch(message.body, headers))
+            redone = bool(message.redelivered or deliveries or _count(headers, t.H_ATTEMPT))
+            return await self._perform(await self._dispatch(message.body, headers, redone))
         except DecodeError as exc:
             return DeadLetter(exc.reason, exc.code)
         except PermanentError as exc:
@@ -177,13 +178,16 @@ class Consumer:
                 )
             return Retry("failed", failed=True)
 
-    async def _dispatch(self, body: bytes, headers: dict[str, Any]) -> list[Action]:
-        """What the sequencer makes of the message, by its kind."""
+    async def _dispatch(
+        self, body: bytes, headers: dict[str, Any], redone: bool = False
+    ) -> list[Action]:
+        """What the sequencer makes of the message, by its kind; ``redone``: it was taken
+        before (redelivered, or sent again after a failure)."""
         kind = headers.get(t.H_KIND, t.KIND_START)
         if kind == t.KIND_STEP:
             work = decode(body, StepWork)
             with self.metrics.steps_in_progress.track_inprogress():
-                return await self.work.on_step(work)
+                return await self.work.on_step(work, redone=redone)
         if kind == t.KIND_START:
             request = decode(body, TurnRequest)
             parent = header_traceparent(headers)

@@ -37,6 +37,12 @@ async def answer(records: SessionRecords, query: SessionQuery) -> SessionReply:
             return _missing(f"no result for turn {query.turn_id}")
         return SessionReply(ok=True, result=result)
     assert query.session_id is not None
+    if query.op == "text":
+        assert query.turn_id is not None and query.step is not None
+        text = await records.step_text(query.session_id, query.turn_id, query.step)
+        if text is None:
+            return _missing(f"no saved text for turn {query.turn_id} step {query.step}")
+        return SessionReply(ok=True, text=text)
     summary = await records.summary(query.session_id)
     if summary is None:
         return _missing(f"no session {query.session_id}")
