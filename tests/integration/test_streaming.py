@@ -23,6 +23,7 @@ from harness import (
     CountingToolService,
     EventRecorder,
     WorkerProcess,
+    run_past_a_crash,
     session_history,
 )
 from worker.testing.scripted_model import Reply, ScriptedModel
@@ -201,3 +202,34 @@ async def test_the_cli_prints_the_answer_as_it_streams(
     assert done.returncode == 0, done.stderr
     assert done.stdout == "Streaming, token by token.\n"
     assert scripted_model.requests[0]["stream"] is True
+
+
+async def test_a_step_redone_after_its_answer_was_saved_streams_the_saved_text_again(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    scripted_model.expect(
+        Reply.tool_calls((lookup.name, {"q": "policy"}), content="Checking the policy.")
+    )
+    scripted_model.expect(Reply.text("Thirty days."))
+    agents = streaming_agents(tmp_path / "agents.json", [lookup.name])
+    deltas = EventRecorder("message.delta.#")
+    await deltas.start()
+    try:
+        result, survivor = await run_past_a_crash(
+            client, scripted_model.base_url, agents, "model_saved", "support", "refunds?"
+        )
+        await deltas.wait_for(
+            lambda seen: any(e.turn_id == result.turn_id and e.step == 1 for e in seen)
+        )
+    finally:
+        await deltas.stop()
+    assert result.content == "Thirty days."
+    assert len(scripted_model.requests) == 2  # the saved answer was not asked for again
+    assert sum(lookup.executions.values()) == 1
+    first = [e.data for e in deltas.for_turn(result.turn_id) if e.step == 0]
+    replayed = [d for d in first if isinstance(d, MessageDelta) and d.restarted]
+    assert [d.text for d in replayed] == ["Checking the policy."]
+    assert survivor.errors() == []

@@ -13,6 +13,7 @@ import pytest
 from contracts.events import Event, MessageDelta, StepCompleted, make_event
 from contracts.messages import ChatMessage, Usage
 from contracts.streaming import StreamText, follow_text
+from tests.unit.world import request, says, world
 from worker.errors import ModelError
 from worker.loop.ports import ModelRequest
 from worker.loop.streaming import StepStream, StreamSettings
@@ -246,3 +247,37 @@ async def test_a_restarted_step_starts_over_for_the_reader() -> None:
         StreamText(0, "second", restarted=True),
         StreamText(0, " try"),
     ]
+
+
+async def test_a_streaming_agent_publishes_its_text_before_the_step_completes() -> None:
+    w = world({"agents": [{"name": "a", "stream": True}]}, {"a": lambda _r: says("Hello there")})
+    await w.run(request("a", "hi"))
+    assert w.result("T1").content == "Hello there"
+    types = [e.type for e in w.events.events]
+    deltas = [e for e in w.events.events if e.type == "message.delta"]
+    assert "".join(e.data.text for e in deltas) == "Hello there"  # type: ignore[union-attr]
+    assert {e.step for e in deltas} == {0}
+    assert types.index("step.completed") > types.index("message.delta")
+    assert w.model.asked("a")[0].stream is not None
+
+
+@pytest.mark.parametrize(
+    ("profile", "asked", "announced", "streams"),
+    [
+        (True, False, None, False),  # the request says no
+        (False, True, None, True),  # the request says yes
+        (True, None, frozenset({"turn.completed", "step.completed"}), False),  # deltas are off
+    ],
+)
+async def test_who_turns_streaming_on(
+    profile: bool, asked: bool | None, announced: frozenset[str] | None, streams: bool
+) -> None:
+    w = world(
+        {"agents": [{"name": "a", "stream": profile}]},
+        {"a": lambda _r: says("Hello there")},
+        announced=announced,
+    )
+    await w.run(request("a", "hi", stream=asked))
+    assert w.result("T1").content == "Hello there"
+    assert (w.model.asked("a")[0].stream is not None) is streams
+    assert any(e.type == "message.delta" for e in w.events.events) is streams

@@ -69,7 +69,15 @@ class ByAgent:
 
     @staticmethod
     async def _answer(answer: Answer, request: ModelRequest) -> ModelResponse:
-        return answer(request)  # raises in the awaitable, as a real model's error does
+        response = answer(request)  # raises in the awaitable, as a real model's error does
+        stream = request.stream
+        if stream is not None:  # streamed as a model would: the text in pieces, then the end
+            stream.begin()
+            text = response.message.content or ""
+            for i in range(0, len(text), 3):
+                await stream.text(text[i : i + 3])
+            await stream.end()
+        return response
 
     def asked(self, agent: str) -> list[ModelRequest]:
         return [r for a, r in self.requests if a == agent]
