@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.messages import Usage
+from contracts.runtime.secrets import with_secret_files
 
 
 class ModelSettings(BaseModel):
@@ -95,6 +96,20 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="LOOPWIRE_", env_nested_delimiter="__", extra="ignore"
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """``LOOPWIRE_<NAME>_FILE`` reads a setting from a file (``contracts.runtime.secrets``)."""
+        return with_secret_files(
+            settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+        )
 
     amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL.")
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
