@@ -25,6 +25,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import (
     AbstractChannel,
+    AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
     AbstractRobustConnection,
@@ -35,6 +36,7 @@ from contracts.base import Contract
 from contracts.codec import DecodeError, decode, encode
 from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
+from contracts.publishing import publishing_exchange
 from contracts.runtime.tracing import inject
 from contracts.session_client import Sessions
 from contracts.streaming import StreamText, follow_text
@@ -71,9 +73,11 @@ class TurnHandle:
         queue: AbstractQueue,
         channel: AbstractChannel,
         sessions: Sessions | None = None,
+        requests: AbstractExchange | None = None,
     ) -> None:
         self.request = request
         self._sessions = sessions
+        self._requests = requests or channel.default_exchange
         self.turn_id = request.turn_id
         self._queue = queue
         self._channel = channel
@@ -136,7 +140,7 @@ class TurnHandle:
         filled in from its saved text (``contracts.streaming``). The turn streams when its
         request or its agent's profile asks (``start_turn(..., stream=True)``). Reads the same
         stream as ``events()``: use one of the two."""
-        sessions = self._sessions or Sessions(self._channel)
+        sessions = self._sessions or Sessions(self._channel, exchange=self._requests)
 
         async def read_text(step: int) -> str | None:
             return await sessions.text(self.request.session_id, self.turn_id, step)
@@ -165,7 +169,7 @@ class TurnHandle:
             by=by,
             at=time.time(),
         )
-        await publish_control(self._channel, t.KIND_CANCEL, cancel)
+        await publish_control(self._requests, t.KIND_CANCEL, cancel)
 
     async def approvals(self) -> AsyncIterator[Event]:
         """The turn's ``approval.requested`` events as they come (``event.data``: call id,
@@ -186,7 +190,7 @@ class TurnHandle:
     ) -> None:
         """Decide one call this turn waits on (``turn.decision``)."""
         await publish_control(
-            self._channel,
+            self._requests,
             t.KIND_DECISION,
             TurnDecision(
                 turn_id=self.turn_id,
@@ -208,9 +212,9 @@ class TurnHandle:
         await self._queue.delete(if_unused=False, if_empty=False)
 
 
-async def publish_control(channel: AbstractChannel, kind: str, control: Contract) -> None:
+async def publish_control(exchange: AbstractExchange, kind: str, control: Contract) -> None:
     """Publish a control message (``turn.cancel``, ``turn.decision``), confirmed."""
-    await channel.default_exchange.publish(
+    await exchange.publish(
         aio_pika.Message(
             encode(control),
             content_type=t.CONTENT_TYPE,
@@ -238,12 +242,20 @@ class LoopwireClient:
         self._channel: AbstractChannel | None = None
         self._waiting: dict[str, TurnHandle] = {}
         self._sessions: Sessions | None = None
+        self._requests: AbstractExchange | None = None
+
+    @property
+    def requests(self) -> AbstractExchange:
+        """Where requests are published (``contracts.publishing``)."""
+        if self._requests is None:
+            raise RuntimeError("LoopwireClient is not connected")
+        return self._requests
 
     @property
     def sessions(self) -> Sessions:
         """Sessions as a resource: ``get``, ``history``, ``turns``, ``result``, ``delete``."""
         if self._sessions is None:
-            self._sessions = Sessions(self.channel)
+            self._sessions = Sessions(self.channel, exchange=self.requests)
         return self._sessions
 
     async def __aenter__(self) -> LoopwireClient:
@@ -261,9 +273,7 @@ class LoopwireClient:
         )
         self._connection.reconnect_callbacks.add(self._ask_again)
         self._channel = await self._connection.channel(publisher_confirms=True)
-        await self._channel.declare_exchange(
-            t.EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
-        )
+        self._requests = await publishing_exchange(self._connection, self._channel)
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -326,7 +336,7 @@ class LoopwireClient:
             deadline=deadline,
             stream=stream,
         )
-        handle = TurnHandle(request, queue, self.channel, self.sessions)
+        handle = TurnHandle(request, queue, self.channel, self.sessions, self.requests)
         await handle._start()
         self._waiting[turn_id] = handle
         handle._closed = lambda: self._waiting.pop(turn_id, None)
@@ -338,7 +348,7 @@ class LoopwireClient:
         OpenTelemetry span, the request carries it (``traceparent``): the turn is its child."""
         headers: dict[str, Any] = {t.H_KIND: t.KIND_START}
         inject(headers)
-        await self.channel.default_exchange.publish(
+        await self.requests.publish(
             aio_pika.Message(
                 encode(request),
                 content_type=t.CONTENT_TYPE,
@@ -361,7 +371,7 @@ class LoopwireClient:
         cancel = TurnCancel(
             turn_id=turn_id, session_id=session_id, reason=reason, by=by, at=time.time()
         )
-        await publish_control(self.channel, t.KIND_CANCEL, cancel)
+        await publish_control(self.requests, t.KIND_CANCEL, cancel)
 
     async def decide(
         self,
@@ -386,7 +396,7 @@ class LoopwireClient:
             by=by,
             at=time.time(),
         )
-        await publish_control(self.channel, t.KIND_DECISION, control)
+        await publish_control(self.requests, t.KIND_DECISION, control)
 
     async def run_turn(
         self,

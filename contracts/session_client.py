@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractQueue
 
 from contracts import topology as t
 from contracts.base import Contract
@@ -28,8 +28,16 @@ class SessionError(Exception):
 
 
 class Sessions:
-    def __init__(self, channel: AbstractChannel, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        channel: AbstractChannel,
+        *,
+        timeout_s: float = 30.0,
+        exchange: AbstractExchange | None = None,
+    ) -> None:
         self.channel = channel
+        self.exchange = exchange or channel.default_exchange
+        """Where reads and deletions are published (``contracts.publishing``)."""
         self.timeout_s = timeout_s
         self._queue: AbstractQueue | None = None
         self._waiting: dict[str, asyncio.Future[SessionReply]] = {}
@@ -105,7 +113,7 @@ class Sessions:
         future: asyncio.Future[SessionReply] = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = future
         try:
-            await self.channel.default_exchange.publish(
+            await self.exchange.publish(
                 aio_pika.Message(
                     encode(body),
                     content_type=t.CONTENT_TYPE,

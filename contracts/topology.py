@@ -15,6 +15,12 @@ SESSIONS_QUEUE: Final = "loopwire.sessions"
 """Quorum queue of session reads (``contracts.sessions.SessionQuery``), answered by any worker
 to the message's ``reply_to``."""
 
+REQUESTS_EXCHANGE: Final = "loopwire.requests"
+"""Direct exchange for publishers: routing key ``loopwire.turns`` or ``loopwire.sessions``
+reaches that queue, as the default exchange does with the same key. A publisher's broker user
+may write to this exchange alone (the default exchange reaches every queue by its name), so
+that it can start and control turns and read sessions, and nothing else."""
+
 TOOLS_EXCHANGE: Final = "loopwire.tools"
 """Direct exchange for tool calls; routing key = tool name."""
 

@@ -346,19 +346,36 @@ def manifests() -> list[dict[str, Any]]:
     return [doc for f in kustomization["resources"] for doc in load_yaml_docs(DEPLOY / "k8s" / f)]
 
 
-def container_env(container: dict[str, Any], secret: Mapping[str, str]) -> dict[str, str]:
+def container_env(
+    pod: dict[str, Any], container: dict[str, Any], secrets: Mapping[str, Mapping[str, str]]
+) -> dict[str, str]:
+    """The container's environment, a ``LOOPWIRE_*_FILE`` that points into a mounted Secret
+    read as the process reads it (the setting's value is the Secret's key)."""
+    volumes = {
+        v["name"]: v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v
+    }
+    mounts = {
+        m["mountPath"]: secrets[volumes[m["name"]]]
+        for m in container["volumeMounts"]
+        if m["name"] in volumes
+    }
     env = {}
     for var in container.get("env", []):
-        if "valueFrom" in var:
-            env[var["name"]] = secret[var["valueFrom"]["secretKeyRef"]["key"]]
+        name, value = var["name"], var["value"]
+        folder, _, key = value.rpartition("/")
+        if name.endswith("_FILE") and folder in mounts:
+            env[name.removesuffix("_FILE")] = mounts[folder][key]
         else:
-            env[var["name"]] = var["value"]
+            env[name] = value
     return env
 
 
 async def test_kubernetes_manifests_match_the_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     docs = manifests()
-    (secret,) = load_yaml_docs(DEPLOY / "k8s/secret.example.yaml")
+    secrets = {
+        doc["metadata"]["name"]: doc["stringData"]
+        for doc in load_yaml_docs(DEPLOY / "k8s/secret.example.yaml")
+    }
     by_kind: dict[str, dict[str, dict[str, Any]]] = {}
     for doc in docs:
         by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
@@ -375,7 +392,12 @@ async def test_kubernetes_manifests_match_the_processes(monkeypatch: pytest.Monk
         )
         (container,) = pod["spec"]["containers"]
         assert container["image"] == IMAGE
-        env = container_env(container, secret["stringData"])
+        env = container_env(pod, container, secrets)
+        assert not any("valueFrom" in var for var in container.get("env", []))  # files only
+        role = "loopwire-worker" if name == "loopwire-worker" else "loopwire-tools"
+        assert (
+            f"//{role}:" in env["LOOPWIRE_AMQP_URL"] and f"//{role}:" in env["LOOPWIRE_REDIS_URL"]
+        )
         settings = configure(container["command"], env, monkeypatch)
         assert settings is not None
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -422,9 +444,7 @@ async def test_kubernetes_manifests_match_the_processes(monkeypatch: pytest.Monk
             assert int(meta["value"]) == per_replica
             auth = by_kind["TriggerAuthentication"][trigger["authenticationRef"]["name"]]
             for ref in auth["spec"]["secretTargetRef"]:
-                assert (
-                    ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
-                )
+                assert ref["key"] in secrets[ref["name"]]
     files = {p.name for p in (DEPLOY / "k8s").glob("*.yaml")} - {
         "kustomization.yaml",
         "secret.example.yaml",

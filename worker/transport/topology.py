@@ -59,7 +59,14 @@ async def declare(channel: AbstractChannel) -> Topology:
     )
     await dead.bind(dead_letter, routing_key="#")
     turns = await channel.declare_queue(t.TURNS_QUEUE, durable=True, arguments=TURNS_ARGUMENTS)
-    await channel.declare_queue(t.SESSIONS_QUEUE, durable=True, arguments=SESSIONS_ARGUMENTS)
+    sessions = await channel.declare_queue(
+        t.SESSIONS_QUEUE, durable=True, arguments=SESSIONS_ARGUMENTS
+    )
+    requests = await channel.declare_exchange(
+        t.REQUESTS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
+    )
+    await turns.bind(requests, routing_key=t.TURNS_QUEUE)
+    await sessions.bind(requests, routing_key=t.SESSIONS_QUEUE)
     await channel.declare_queue(t.RETRY_QUEUE, durable=True, arguments=RETRY_ARGUMENTS)
     for seconds in t.WAIT_BUCKETS_S:
         await channel.declare_queue(
