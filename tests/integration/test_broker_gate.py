@@ -31,7 +31,7 @@ class FailingSteps:
         self.steps: list[StepWork] = []
         self.handled = asyncio.Event()
 
-    async def on_step(self, work: StepWork) -> list[Action]:
+    async def on_step(self, work: StepWork, *, redone: bool = False) -> list[Action]:
         self.steps.append(work)
         if len(self.steps) <= self.failures:
             raise ChannelInvalidStateError("<RobustChannel> closed")
