@@ -55,7 +55,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from contracts.codec import DecodeError, decode
-from contracts.runtime.redis_client import redis_client
+from contracts.runtime.redis_client import ready, redis_client
 from contracts.tools import ToolCallRequest, idempotency_key
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
 from tool_services.calls import CallStore, ClaimKind
@@ -154,6 +154,7 @@ class ToolServer:
             max_connections=2 * self.config.concurrency + 16,
             timeout=10,
         )
+        await ready(self._redis)
         await self._redis.ping()
         self._calls = CallStore(
             self._redis,

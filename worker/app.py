@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from contracts import topology as t
 from contracts.runtime.health import HealthServer
-from contracts.runtime.redis_client import redis_client
+from contracts.runtime.redis_client import ready, redis_client
 from contracts.runtime.tracer_setup import start_tracing
 from worker import collector
 from worker.agents import AgentProfile, AgentProfiles
@@ -90,6 +90,7 @@ class Worker:
             max_connections=s.redis_max_connections,
             timeout=s.redis_timeout_s,
         )
+        await ready(redis)
         redaction = Redaction(RedisVault(redis), default_ttl_s=s.state_ttl_s)
         source = self.source = ProfileSource(
             self.profiles,

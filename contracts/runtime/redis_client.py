@@ -22,6 +22,13 @@ which it splits by node but which may carry no script (``is_cluster`` tells the 
 that pipelines a script), ``SCAN``, which it runs on every master, and multi-key ``UNLINK``,
 which it splits by slot). The cluster suite (``tests/cluster``) proves each on a real cluster.
 
+A process that is about to use its client from many coroutines at once (a worker, a tool
+service, the benchmark's processes) first awaits ``ready(client)``: a cluster client reads the
+cluster's slot map then, once. redis-py's cluster client first used by many coroutines at once
+initializes under their feet and races its own fresh connections (``AttributeError:
+'NoneType' object has no attribute 'writelines'`` in a few of the first commands, seen with
+redis-py 7.4 and 8.1); initialized first, it does not. For one Redis ``ready`` does nothing.
+
 TLS: ``rediss://`` and ``rediss+cluster://`` turn on TLS with the system's CAs; a CA file
 and client certificates are what ``ssl_kwargs`` leaves room for (not configured yet).
 """
@@ -104,6 +111,14 @@ def redis_client(
         **(ssl_kwargs or {}),
     )
     return Redis.from_pool(pool)
+
+
+async def ready(client: Redis) -> Redis:
+    """``client`` ready for concurrent use: a cluster client discovers its nodes and slots now
+    (``RedisClusterException`` or a connection error when no seed node answers); a client of
+    one Redis makes no connection (it connects on first use, as before)."""
+    await client.initialize()
+    return client
 
 
 def _cluster(

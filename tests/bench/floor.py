@@ -32,7 +32,7 @@ import msgpack
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 from redis.asyncio import Redis
 
-from contracts.runtime.redis_client import redis_client
+from contracts.runtime.redis_client import ready, redis_client
 from tests.bench.workload import (
     AMQP_URL,
     KEY_TTL_S,
@@ -97,7 +97,9 @@ class FloorWorker:
         self.tools = [tool_definition()]
 
     async def run(self, stop: asyncio.Event) -> None:
-        redis = redis_client(REDIS_URL, cluster=REDIS_CLUSTER, max_connections=128, timeout=10)
+        redis = await ready(
+            redis_client(REDIS_URL, cluster=REDIS_CLUSTER, max_connections=128, timeout=10)
+        )
         self.save = redis.register_script(_SAVE)
         self.redis = redis
         connection = await aio_pika.connect(AMQP_URL)

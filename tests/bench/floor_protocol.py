@@ -56,7 +56,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiormq import spec
 from redis.asyncio import Redis
 
-from contracts.runtime.redis_client import redis_client
+from contracts.runtime.redis_client import ready, redis_client
 from tests.bench.floor import QUORUM, RawRpc, serve
 from tests.bench.workload import (
     AMQP_URL,
@@ -204,7 +204,9 @@ class ProtocolFloorWorker:
         self.tools = [tool_definition()]
 
     async def run(self, stop: asyncio.Event) -> None:
-        redis = redis_client(REDIS_URL, cluster=REDIS_CLUSTER, max_connections=128, timeout=10)
+        redis = await ready(
+            redis_client(REDIS_URL, cluster=REDIS_CLUSTER, max_connections=128, timeout=10)
+        )
         self.redis = redis
         self.accept = redis.register_script(_ACCEPT)
         self.lease = redis.register_script(_LEASE)

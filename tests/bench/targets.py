@@ -20,7 +20,7 @@ from contracts import topology as t
 from contracts.codec import decode, encode
 from contracts.messages import ChatMessage, ToolCall
 from contracts.registry import live_tools
-from contracts.runtime.redis_client import redis_client
+from contracts.runtime.redis_client import ready, redis_client
 from contracts.state import AgentState, SessionContext
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from tests.bench import floor, floor_protocol
@@ -127,6 +127,7 @@ class Shared:
         self.channel: AbstractChannel | None = None
 
     async def start(self) -> None:
+        await ready(self.redis)
         self.connection = await aio_pika.connect_robust(AMQP_URL)
         self.channel = await self.connection.channel(publisher_confirms=True)
         await declare(self.channel)
