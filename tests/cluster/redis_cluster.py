@@ -10,7 +10,7 @@ directory.
 ``redis_cluster`` is the pytest fixture (one cluster per test module; import
 ``redis_cluster_fixture`` into the module); it fails, never skips,
 when ``redis-server`` or ``redis-cli`` is missing. ``python -m tests.cluster.redis_cluster``
-starts one by hand and prints its URL (Ctrl-C stops it).
+starts one by hand and prints its URL (Ctrl-C or SIGTERM stops it).
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import random
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -282,6 +284,7 @@ def main() -> None:
     cluster = LocalRedisCluster()
     cluster.start()
     print(cluster.url, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while True:
             time.sleep(3600)
