@@ -473,3 +473,60 @@ async def test_a_killed_master_is_replaced_and_every_turn_still_ends_once(
     assert all("found" in r or r in refused for r in results)
     assert ran <= turns
     assert len(ran) + len(refused) >= len(turns), "a tool call neither ran nor was answered"
+
+
+async def test_a_parked_turn_is_listed_by_the_cli_and_approved(
+    redis_cluster: LocalRedisCluster,
+    scripted_model: ScriptedModel,
+    lookup: Lookup,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    """A call waiting for approval: the turn parks (its controls in the session's slot, the
+    list of waiting calls a global key), ``loopwire approvals`` given one node and
+    ``LOOPWIRE_REDIS_CLUSTER=true`` lists it, ``loopwire approve`` lets it run once."""
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refund 100"})))
+    scripted_model.expect(Reply.text("Refunded."))
+    agents = tmp_path / "agents.json"
+    agent = {"name": "support", "tools": [lookup.name], "approval": [lookup.name]}
+    agents.write_text(json.dumps({"agents": [agent]}))
+    owner = redis_cluster.master_of(keys.approvals_waiting())
+    seed = next(p for p in redis_cluster.ports if p != owner)  # a plain client would get MOVED
+    env = {
+        **os.environ,
+        "LOOPWIRE_REDIS_URL": f"redis://127.0.0.1:{seed}",
+        "LOOPWIRE_REDIS_CLUSTER": "true",
+    }
+    async with WorkerProcess(
+        model_url=scripted_model.base_url, agents_file=agents, redis_url=redis_cluster.url
+    ) as worker:
+        handle = await client.start_turn("support", "refund me", session_id=new_id())
+        requested = await asyncio.wait_for(anext(handle.approvals()), 20)
+        listed = await asyncio.to_thread(loopwire, ["approvals", "--json"], env)
+        call_id = requested.data.call_id  # type: ignore[union-attr]
+        await asyncio.to_thread(
+            loopwire, ["--amqp-url", AMQP_URL, "approve", handle.turn_id, call_id], env
+        )
+        result = await handle.result(30)
+        await handle.close()
+        after = await asyncio.to_thread(loopwire, ["approvals", "--json"], env)
+    waiting = [json.loads(line) for line in listed.splitlines()]
+    assert [(w["turn_id"], w["call_id"]) for w in waiting] == [(handle.turn_id, call_id)]
+    assert after == ""
+    assert result.content == "Refunded."
+    assert list(lookup.executions.values()) == [1]
+    assert worker.errors() == []
+
+
+def loopwire(args: list[str], env: dict[str, str]) -> str:
+    """``loopwire ARGS`` as a user runs it; its standard output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=30,
+        text=True,
+        cwd=ROOT,
+    )
+    return done.stdout
