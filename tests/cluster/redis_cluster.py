@@ -168,6 +168,14 @@ class LocalRedisCluster:
         """``CLUSTER NODES`` as seen from ``port``, one split line per node."""
         return [line.split() for line in self.cli(port, "cluster", "nodes").splitlines()]
 
+    def master_ports(self) -> list[int]:
+        """The ports of the masters serving slots now."""
+        return sorted(
+            int(f[1].split(":")[1].split("@")[0])
+            for f in self.nodes(self.ports[0])
+            if "master" in f[2] and "fail" not in f[2] and len(f) > 8
+        )
+
     def master_of_slot(self, slot: int, port: int | None = None) -> int:
         for fields in self.nodes(port or self.ports[0]):
             if "master" not in fields[2] or "fail" in fields[2]:

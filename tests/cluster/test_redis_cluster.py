@@ -19,6 +19,7 @@ import sys
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,11 +140,35 @@ def spread_sessions(cluster: LocalRedisCluster, per_master: int) -> list[str]:
     return [s for batch in zip(*found.values(), strict=True) for s in batch]
 
 
-def workers(n: int, model_url: str, agents: Path, cluster: LocalRedisCluster) -> list[Any]:
-    return [
-        WorkerProcess(model_url=model_url, agents_file=agents, redis_url=cluster.url)
-        for _ in range(n)
+@dataclass
+class Fleet:
+    workers: list[WorkerProcess]
+    completed: EventRecorder
+    """Every ``turn.completed`` event."""
+
+
+@pytest.fixture
+async def fleet(
+    redis_cluster: LocalRedisCluster, scripted_model: ScriptedModel, lookup: Lookup, tmp_path: Path
+) -> AsyncIterator[Fleet]:
+    """Two workers on the cluster, the model answering each turn after one search."""
+    echo_model(scripted_model, lookup.name)
+    agents = write_agents(tmp_path / "agents.json", [lookup.name])
+    workers = [
+        WorkerProcess(
+            model_url=scripted_model.base_url, agents_file=agents, redis_url=redis_cluster.url
+        )
+        for _ in range(2)
     ]
+    recorder = EventRecorder("turn.completed.#")
+    await recorder.start()
+    try:
+        await asyncio.gather(*(w.start() for w in workers))
+        yield Fleet(workers, recorder)
+    finally:
+        for worker in workers:
+            worker.close()
+        await recorder.stop()
 
 
 async def run_sessions(
@@ -200,29 +225,14 @@ async def check_sessions(
 
 
 async def test_turns_with_tool_steps_run_in_order_on_every_master(
-    redis_cluster: LocalRedisCluster,
-    scripted_model: ScriptedModel,
-    lookup: Lookup,
-    client: LoopwireClient,
-    tmp_path: Path,
+    redis_cluster: LocalRedisCluster, fleet: Fleet, lookup: Lookup, client: LoopwireClient
 ) -> None:
-    echo_model(scripted_model, lookup.name)
-    agents = write_agents(tmp_path / "agents.json", [lookup.name])
-    fleet = workers(2, scripted_model.base_url, agents, redis_cluster)
-    recorder = EventRecorder("turn.completed.#")
-    await recorder.start()
-    await asyncio.gather(*(w.start() for w in fleet))
     sessions = spread_sessions(redis_cluster, 3)
-    try:
-        handles = await run_sessions(client, sessions, 3)
-        await check_sessions(handles, recorder, redis_cluster)
-    finally:
-        for w in fleet:
-            w.close()
-        await recorder.stop()
+    handles = await run_sessions(client, sessions, 3)
+    await check_sessions(handles, fleet.completed, redis_cluster)
     assert sum(lookup.executions.values()) == 27
     assert set(lookup.executions.values()) == {1}, "a tool ran twice"
-    assert all(w.errors() == [] for w in fleet)
+    assert all(w.errors() == [] for w in fleet.workers)
 
 
 @pytest.mark.parametrize("point", ["model_saved", "tool_dispatched", "step_saved"])
@@ -372,9 +382,8 @@ async def test_erasing_a_session_finds_its_keys_on_every_master(
 
 def leftovers(cluster: LocalRedisCluster, session: str, turn_ids: list[str]) -> list[str]:
     """Every key of the session or of its turns, scanned on each master by ``redis-cli``."""
-    masters = {cluster.master_of_slot(slot) for slot in (0, 8000, 16383)}
     found: list[str] = []
-    for port in masters:
+    for port in cluster.master_ports():
         for pattern in [f"*{{{session}}}*", *(f"*{t}*" for t in turn_ids)]:
             found += cluster.cli(port, "--scan", "--pattern", pattern).split()
     return sorted(set(found))
@@ -382,38 +391,23 @@ def leftovers(cluster: LocalRedisCluster, session: str, turn_ids: list[str]) -> 
 
 @pytest.mark.timeout(240)
 async def test_a_master_failover_mid_run_loses_no_turn_and_runs_no_tool_twice(
-    redis_cluster: LocalRedisCluster,
-    scripted_model: ScriptedModel,
-    lookup: Lookup,
-    client: LoopwireClient,
-    tmp_path: Path,
+    redis_cluster: LocalRedisCluster, fleet: Fleet, lookup: Lookup, client: LoopwireClient
 ) -> None:
-    echo_model(scripted_model, lookup.name)
-    agents = write_agents(tmp_path / "agents.json", [lookup.name])
-    fleet = workers(2, scripted_model.base_url, agents, redis_cluster)
-    recorder = EventRecorder("turn.completed.#")
-    await recorder.start()
-    await asyncio.gather(*(w.start() for w in fleet))
     sessions = [new_id() for _ in range(6)]
     watched = keys.session_state(sessions[0])
     old_master = redis_cluster.master_of(watched)
     lookup.watch = sessions[0][:6]
-    try:
-        running = asyncio.create_task(run_sessions(client, sessions, 6))
-        # once the watched session's first turn is in its tool call, fail its master over
-        await asyncio.wait_for(lookup.watched.wait(), 30)
-        new_master = await asyncio.to_thread(redis_cluster.failover, old_master)
-        ran_before = sum(lookup.executions.values())
-        handles = await running
-        await asyncio.to_thread(redis_cluster.wait_healthy)
-        await check_sessions(handles, recorder, redis_cluster)
-    finally:
-        for w in fleet:
-            w.close()
-        await recorder.stop()
+    running = asyncio.create_task(run_sessions(client, sessions, 6))
+    # once the watched session's first turn is in its tool call, fail its master over
+    await asyncio.wait_for(lookup.watched.wait(), 30)
+    new_master = await asyncio.to_thread(redis_cluster.failover, old_master)
+    ran_before = sum(lookup.executions.values())
+    handles = await running
+    await asyncio.to_thread(redis_cluster.wait_healthy)
+    await check_sessions(handles, fleet.completed, redis_cluster)
     assert ran_before < 30, "the failover came too late to be in the middle of the run"
     assert redis_cluster.master_of(watched) == new_master != old_master
-    assert all(w.errors() == [] for w in fleet), "the failover surfaced as an error"
+    assert all(w.errors() == [] for w in fleet.workers), "the failover surfaced as an error"
     assert key_slot(watched.encode()) == key_slot(keys.session_lease(sessions[0]).encode())
     assert sum(lookup.executions.values()) == 36
     assert set(lookup.executions.values()) == {1}, "a tool ran twice"
@@ -421,11 +415,7 @@ async def test_a_master_failover_mid_run_loses_no_turn_and_runs_no_tool_twice(
 
 @pytest.mark.timeout(240)
 async def test_a_killed_master_is_replaced_and_every_turn_still_ends_once(
-    redis_cluster: LocalRedisCluster,
-    scripted_model: ScriptedModel,
-    lookup: Lookup,
-    client: LoopwireClient,
-    tmp_path: Path,
+    redis_cluster: LocalRedisCluster, fleet: Fleet, lookup: Lookup, client: LoopwireClient
 ) -> None:
     """SIGKILL of the master that owns a running session's slot: its replica is promoted
     after the node timeout; meanwhile that session's steps fail as transient and wait in the
@@ -434,12 +424,6 @@ async def test_a_killed_master_is_replaced_and_every_turn_still_ends_once(
     record sat on the dead master is answered with the tool service's error meanwhile. (A
     crash may lose a write the master acknowledged, replication being asynchronous: how often
     a tool ran is checked only under a manual failover.)"""
-    echo_model(scripted_model, lookup.name)
-    agents = write_agents(tmp_path / "agents.json", [lookup.name])
-    fleet = workers(2, scripted_model.base_url, agents, redis_cluster)
-    recorder = EventRecorder("turn.completed.#")
-    await recorder.start()
-    await asyncio.gather(*(w.start() for w in fleet))
     sessions = spread_sessions(redis_cluster, 2)
     watched = keys.session_state(sessions[0])
     doomed = redis_cluster.master_of(watched)
@@ -451,11 +435,8 @@ async def test_a_killed_master_is_replaced_and_every_turn_still_ends_once(
         await asyncio.to_thread(redis_cluster.kill, doomed)
         await asyncio.to_thread(redis_cluster.promoted, heir)
         handles = await running
-        await check_sessions(handles, recorder, redis_cluster, copies=True)
+        await check_sessions(handles, fleet.completed, redis_cluster, copies=True)
     finally:
-        for w in fleet:
-            w.close()
-        await recorder.stop()
         await asyncio.to_thread(redis_cluster.restart, doomed)
     assert redis_cluster.master_of(watched) == heir
     # a call whose idempotency record sat on the dead master while it was down is answered
