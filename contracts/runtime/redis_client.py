@@ -44,7 +44,6 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 CLUSTER_SCHEMES: Final = {"redis+cluster": False, "rediss+cluster": True}
 """URL schemes that name a Redis Cluster (the value: whether it speaks TLS)."""
-SINGLE_SCHEMES: Final = {"redis": False, "rediss": True, "unix": False}
 DEFAULT_PORT: Final = 6379
 
 
