@@ -52,9 +52,10 @@ from aio_pika.abc import (
 )
 from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 
 from contracts.codec import DecodeError, decode
+from contracts.runtime.redis_client import ready, redis_client
 from contracts.tools import ToolCallRequest, idempotency_key
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
 from tool_services.calls import CallStore, ClaimKind
@@ -147,10 +148,13 @@ class ToolServer:
             raise
 
     async def _start(self) -> None:
-        pool = BlockingConnectionPool.from_url(
-            self.settings.redis_url, max_connections=2 * self.config.concurrency + 16, timeout=10
+        self._redis = redis_client(
+            self.settings.redis_url,
+            cluster=self.settings.redis_cluster,
+            max_connections=2 * self.config.concurrency + 16,
+            timeout=10,
         )
-        self._redis = Redis.from_pool(pool)
+        await ready(self._redis)
         await self._redis.ping()
         self._calls = CallStore(
             self._redis,

@@ -86,6 +86,14 @@ class Settings(BaseSettings):
         )
 
     amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL.")
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis URL; redis+cluster://host1:port,host2:port/ names a Redis Cluster by "
+        "its seed nodes.",
+    )
+    redis_cluster: bool = Field(
+        default=False,
+        description="Talk to redis_url as a Redis Cluster (implied by a redis+cluster:// URL).",
+    )
     log_level: str = Field(default="INFO", description="Logging level of `serve`.")
     tools: ToolServiceSettings = Field(default_factory=ToolServiceSettings)

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import aio_pika
 from prometheus_client import CollectorRegistry
-from redis.asyncio import BlockingConnectionPool, Redis
 
 from contracts import topology as t
 from contracts.runtime.health import HealthServer
+from contracts.runtime.redis_client import ready, redis_client
 from contracts.runtime.tracer_setup import start_tracing
 from worker import collector
 from worker.agents import AgentProfile, AgentProfiles
@@ -85,16 +85,13 @@ class Worker:
 
     async def run(self, *, on_ready: Callable[[], None] | None = None) -> None:
         s = self.settings
-        # A blocking pool: past max_connections a command waits (bounded) for a connection
-        # instead of raising, so a burst of steps queues rather than failing.
-        pool = BlockingConnectionPool.from_url(
+        redis = redis_client(
             s.redis_url,
+            cluster=s.redis_cluster,
             max_connections=s.redis_max_connections,
             timeout=s.redis_timeout_s,
-            socket_timeout=s.redis_timeout_s,
-            socket_connect_timeout=s.redis_timeout_s,
         )
-        redis = Redis(connection_pool=pool)
+        await ready(redis)
         redaction = Redaction(RedisVault(redis), default_ttl_s=s.state_ttl_s)
         source = self.source = ProfileSource(
             self.profiles,

@@ -112,12 +112,22 @@ class Settings(BaseSettings):
         )
 
     amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL.")
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis URL; redis+cluster://host1:port,host2:port/ names a Redis Cluster by "
+        "its seed nodes.",
+    )
+    redis_cluster: bool = Field(
+        default=False,
+        description="Talk to redis_url as a Redis Cluster (implied by a redis+cluster:// URL).",
+    )
     reconnect_interval_s: float = Field(
         default=1.0, gt=0, le=60, description="Delay between AMQP reconnects."
     )
     redis_timeout_s: float = Field(default=5.0, gt=0, le=60, description="Redis socket timeout.")
-    redis_max_connections: int = Field(default=200, ge=1, description="Redis connection pool size.")
+    redis_max_connections: int = Field(
+        default=200, ge=1, description="Redis connection pool size (per node on a cluster)."
+    )
     prefetch: int = Field(
         default=64, ge=1, le=10_000, description="Turn work messages in flight per worker."
     )

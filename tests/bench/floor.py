@@ -30,9 +30,17 @@ import aio_pika
 import aiohttp
 import msgpack
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 
-from tests.bench.workload import AMQP_URL, KEY_TTL_S, REDIS_URL, SYSTEM_PROMPT, tool_definition
+from contracts.runtime.redis_client import ready, redis_client
+from tests.bench.workload import (
+    AMQP_URL,
+    KEY_TTL_S,
+    REDIS_CLUSTER,
+    REDIS_URL,
+    SYSTEM_PROMPT,
+    tool_definition,
+)
 
 WORK_QUEUE = "bench.floor.work"
 TOOL_QUEUE = "bench.floor.tool"
@@ -89,8 +97,9 @@ class FloorWorker:
         self.tools = [tool_definition()]
 
     async def run(self, stop: asyncio.Event) -> None:
-        pool = BlockingConnectionPool.from_url(REDIS_URL, max_connections=128, timeout=10)
-        redis = Redis.from_pool(pool)
+        redis = await ready(
+            redis_client(REDIS_URL, cluster=REDIS_CLUSTER, max_connections=128, timeout=10)
+        )
         self.save = redis.register_script(_SAVE)
         self.redis = redis
         connection = await aio_pika.connect(AMQP_URL)

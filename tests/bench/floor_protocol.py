@@ -54,10 +54,18 @@ import orjson
 import uvloop
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiormq import spec
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 
+from contracts.runtime.redis_client import ready, redis_client
 from tests.bench.floor import QUORUM, RawRpc, serve
-from tests.bench.workload import AMQP_URL, KEY_TTL_S, REDIS_URL, SYSTEM_PROMPT, tool_definition
+from tests.bench.workload import (
+    AMQP_URL,
+    KEY_TTL_S,
+    REDIS_CLUSTER,
+    REDIS_URL,
+    SYSTEM_PROMPT,
+    tool_definition,
+)
 
 WORK_QUEUE = "bench.floorp.work"
 TOOL_QUEUE = "bench.floorp.tool"
@@ -196,8 +204,9 @@ class ProtocolFloorWorker:
         self.tools = [tool_definition()]
 
     async def run(self, stop: asyncio.Event) -> None:
-        pool = BlockingConnectionPool.from_url(REDIS_URL, max_connections=128, timeout=10)
-        redis = Redis.from_pool(pool)
+        redis = await ready(
+            redis_client(REDIS_URL, cluster=REDIS_CLUSTER, max_connections=128, timeout=10)
+        )
         self.redis = redis
         self.accept = redis.register_script(_ACCEPT)
         self.lease = redis.register_script(_LEASE)

@@ -28,6 +28,8 @@ def ratio(a: float, b: float) -> float:
 async def machine(redis: Redis) -> dict[str, Any]:
     lscpu = _run(["lscpu"]).splitlines()[:14]
     info = await redis.info("server")
+    if "redis_version" not in info:  # a cluster client answers per node
+        info = next(iter(info.values()), {})
     connection = await aio_pika.connect(AMQP_URL)
     try:
         props = connection.transport.connection.server_properties  # type: ignore[union-attr]

@@ -14,13 +14,13 @@ from typing import Any
 import aio_pika
 import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
-from redis.asyncio import BlockingConnectionPool, Redis
 
 from contracts import keys
 from contracts import topology as t
 from contracts.codec import decode, encode
 from contracts.messages import ChatMessage, ToolCall
 from contracts.registry import live_tools
+from contracts.runtime.redis_client import ready, redis_client
 from contracts.state import AgentState, SessionContext
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from tests.bench import floor, floor_protocol
@@ -29,6 +29,7 @@ from tests.bench.workload import (
     AGENT,
     AMQP_URL,
     KEY_TTL_S,
+    REDIS_CLUSTER,
     REDIS_URL,
     SYSTEM_PROMPT,
     TOOL,
@@ -125,13 +126,12 @@ class Shared:
     """Connections the driver uses for every target."""
 
     def __init__(self) -> None:
-        # redis-py raises past max_connections with its default pool; this one waits instead
-        pool = BlockingConnectionPool.from_url(REDIS_URL, max_connections=64, timeout=30)
-        self.redis = Redis.from_pool(pool)
+        self.redis = redis_client(REDIS_URL, cluster=REDIS_CLUSTER, max_connections=64, timeout=30)
         self.connection: AbstractRobustConnection | None = None
         self.channel: AbstractChannel | None = None
 
     async def start(self) -> None:
+        await ready(self.redis)
         self.connection = await aio_pika.connect_robust(AMQP_URL)
         self.channel = await self.connection.channel(publisher_confirms=True)
         await declare(self.channel)

@@ -27,6 +27,8 @@ _TURN_RE = re.compile(r"bench-turn ([A-Za-z0-9_-]+)")
 
 AMQP_URL = os.environ.get("LOOPWIRE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/lw_bench")
 REDIS_URL = os.environ.get("LOOPWIRE_REDIS_URL", "redis://127.0.0.1:6379/3")
+REDIS_CLUSTER = os.environ.get("LOOPWIRE_REDIS_CLUSTER", "").strip().lower() in ("1", "true", "yes")
+"""A Redis Cluster (as the processes read it; a ``redis+cluster://`` URL says so too)."""
 KEY_TTL_S = 900
 """How long the bench's Redis keys live if a run dies before its cleanup."""
 

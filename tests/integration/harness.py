@@ -21,7 +21,6 @@ from typing import Any
 import aio_pika
 import aiohttp
 from aio_pika.abc import AbstractIncomingMessage
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError
 from support_rpc import AMQP_URL, REDIS_URL  # the suite's own vhost and Redis database
 
@@ -30,6 +29,7 @@ from contracts import topology as t
 from contracts.client import LoopwireClient, TurnHandle
 from contracts.codec import decode, encode
 from contracts.events import Event
+from contracts.runtime.redis_client import redis_client
 from contracts.tools import ToolAnnouncement, ToolCallReply, ToolCallRequest, ToolDefinition
 from worker.transport.topology import declare
 
@@ -151,7 +151,15 @@ class WorkerProcess:
 
 
 async def run_past_a_crash(
-    client: Any, model_url: str, agents: Path, point: str, agent: str, text: str, **options: Any
+    client: Any,
+    model_url: str,
+    agents: Path,
+    point: str,
+    agent: str,
+    text: str,
+    *,
+    redis_url: str = REDIS_URL,
+    **options: Any,
 ) -> tuple[Any, WorkerProcess]:
     """A turn started on a worker that dies at failpoint ``point`` and finished by a second
     worker, started only then: the result, and the survivor (to check its log). The doomed
@@ -161,8 +169,9 @@ async def run_past_a_crash(
         model_url=model_url,
         agents_file=agents,
         extra_env={"LOOPWIRE_FAILPOINTS": point, "LOOPWIRE_PREFETCH": "1"},
+        redis_url=redis_url,
     )
-    survivor = WorkerProcess(model_url=model_url, agents_file=agents)
+    survivor = WorkerProcess(model_url=model_url, agents_file=agents, redis_url=redis_url)
     await doomed.start()
     try:
         handle = await client.start_turn(agent, text, **options)
@@ -226,7 +235,7 @@ class CountingToolService:
         self.executions: Counter[str] = Counter()
         self.received: list[ToolCallRequest] = []
         self.replies: dict[str, ToolCallReply] = {}
-        self.redis = Redis.from_url(redis_url)
+        self.redis = redis_client(redis_url)
         self.instance = f"test-{uuid.uuid4().hex[:8]}"
         self.connection: aio_pika.abc.AbstractRobustConnection | None = None
         self.call_started = asyncio.Event()
@@ -370,7 +379,7 @@ async def session_history(session_id: str, redis_url: str = REDIS_URL) -> list[A
     """The session's stored history, as the worker wrote it."""
     from worker.session.store import RedisStore
 
-    redis = Redis.from_url(redis_url)
+    redis = redis_client(redis_url)
     try:
         return await RedisStore(redis).history(session_id)
     finally:

@@ -14,16 +14,16 @@ import time
 from typing import Any, Literal
 
 from pydantic import ValidationError
-from redis.asyncio import Redis
 
 from contracts.control import TurnDecision
+from contracts.runtime.redis_client import redis_client
 from worker.cli.turns import EXIT_OK, connect
 from worker.errors import CliError
 from worker.session.store import RedisStore
 
 
-async def list_approvals(*, redis_url: str, as_json: bool) -> int:
-    redis = Redis.from_url(redis_url)
+async def list_approvals(*, redis_url: str, as_json: bool, cluster: bool = False) -> int:
+    redis = redis_client(redis_url, cluster=cluster)
     try:
         waiting = await RedisStore(redis).approvals()
     except OSError as exc:

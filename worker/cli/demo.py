@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import IO
 
 import aiohttp
-from redis.asyncio import Redis
 
 from contracts.client import FINAL_EVENTS, LoopwireClient, new_id
 from contracts.registry import live_tools
+from contracts.runtime.redis_client import redis_client
 from contracts.turns import TurnResult
 from worker.cli.demo_model import demo_model
 from worker.cli.output import event_line
@@ -102,7 +102,7 @@ async def _wait_ready(
     children: Children, settings: Settings, worker_port: int, timeout: float = 60
 ) -> None:
     deadline = time.monotonic() + timeout
-    redis = Redis.from_url(settings.redis_url)
+    redis = redis_client(settings.redis_url, cluster=settings.redis_cluster)
     try:
         async with aiohttp.ClientSession() as http:
             while True:

@@ -18,6 +18,11 @@ DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
+def _env_flag(name: str) -> bool:
+    """A boolean environment variable, read as the processes' settings read it."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loopwire", description="Queue-native runtime for LLM agent loops."
@@ -69,7 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_argument(
         "--redis-url",
         default=os.environ.get("LOOPWIRE_REDIS_URL", DEFAULT_REDIS),
-        help="Redis URL (default: $LOOPWIRE_REDIS_URL or %(default)s)",
+        help="Redis URL (default: $LOOPWIRE_REDIS_URL or %(default)s); "
+        "redis+cluster://host1:port,host2:port/ for a Redis Cluster",
+    )
+    approvals.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        default=_env_flag("LOOPWIRE_REDIS_CLUSTER"),
+        help="the URL names a Redis Cluster node (default: $LOOPWIRE_REDIS_CLUSTER)",
     )
     approvals.add_argument("--json", action="store_true", help="JSON lines instead of text")
     for verb, what in (("approve", "approve (or, with --arguments, edit)"), ("reject", "reject")):
@@ -211,7 +223,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "approvals":
         from worker.cli.approvals import list_approvals
 
-        return asyncio.run(list_approvals(redis_url=args.redis_url, as_json=args.json))
+        return asyncio.run(
+            list_approvals(redis_url=args.redis_url, as_json=args.json, cluster=args.redis_cluster)
+        )
     if args.command in ("approve", "reject"):
         from worker.cli.approvals import decide
 

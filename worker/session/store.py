@@ -25,10 +25,15 @@ stale worker can never overwrite a newer one.
 Round trips per step: the lease script also returns the state and the session history, and
 a step's last save also lets go of the lease (``release``), so a step costs three scripts:
 lease, model answer, step. Messages are decoded in one batch.
+
+On a Redis Cluster (``contracts.runtime.redis_client``) every script's keys share the session's
+hash tag; the one key outside it that accepting a turn writes, the turn's session index, goes
+beside the accept script at the same time (redis-py's cluster pipeline carries no scripts).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +48,7 @@ from contracts.base import Contract
 from contracts.codec import decode, encode, encode_stored, read_stored
 from contracts.control import ApprovalRequest
 from contracts.messages import ChatMessage
+from contracts.runtime.redis_client import is_cluster
 from contracts.state import AgentState, Spend
 from contracts.turns import TurnRequest, TurnResult
 from worker.loop.transcript import StoredMessages
@@ -82,6 +88,9 @@ class RedisStore:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.redis = redis
+        self.cluster = is_cluster(redis)
+        """A Redis Cluster client: the session index is written beside the accept script, not
+        pipelined with it."""
         self.clock = clock
         self.timed = timed
         self.state_format = state_format
@@ -111,6 +120,16 @@ class RedisStore:
                 keys.session_replies(s),
             ]
             args: list[Any] = [t, encode(request), self.ttl_s, request.reply_to or "", now]
+            index = keys.turn_session(t)
+            if self.cluster:
+                # the turn's session index hashes to another slot (it is looked up by the
+                # turn id alone), likely on another node: both at once, as redis-py's
+                # cluster pipeline refuses scripts
+                (status, payload, *at), _ = await asyncio.gather(
+                    self._accept(keys=script_keys, args=args),
+                    self.redis.set(index, s, ex=self.ttl_s, nx=True),
+                )
+                return _accepted(status, payload, at)
             # one round trip: the turn's session index is a key of its own (outside the
             # session's hash tag), so it is a second command beside the script. The script
             # goes by its hash (a pipeline of a Script object would first ask whether the
@@ -119,18 +138,12 @@ class RedisStore:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.evalsha(self._accept.sha, len(script_keys), *script_keys, *args)
-                    pipe.set(keys.turn_session(t), s, ex=self.ttl_s, nx=True)
+                    pipe.set(index, s, ex=self.ttl_s, nx=True)
                     (status, payload, *at), _ = await pipe.execute()
             except NoScriptError:
                 status, payload, *at = await self._accept(keys=script_keys, args=args)
-                await self.redis.set(keys.turn_session(t), s, ex=self.ttl_s, nx=True)
-        status = status.decode() if isinstance(status, bytes) else status
-        if status == "done":
-            return Accepted("done", result=decode(payload, TurnResult))
-        accepted_at = _time(at[0]) if at else None
-        if status == "queued":
-            return Accepted("queued", ahead=int(payload), accepted_at=accepted_at)
-        return Accepted("start" if status == "start" else "pending", accepted_at=accepted_at)
+                await self.redis.set(index, s, ex=self.ttl_s, nx=True)
+        return _accepted(status, payload, at)
 
     async def reply_to(self, session_id: str, turn_id: str) -> tuple[str, ...]:
         value = await self.redis.hget(keys.session_replies(session_id), turn_id)
@@ -281,6 +294,16 @@ class RedisStore:
         if self.state_format == "msgpack":
             return encode(state.model_copy(update={"version": 0}))  # as earlier versions wrote it
         return encode_stored(state, exclude={"version"})  # the version lives beside the blob
+
+
+def _accepted(status: bytes | str, payload: Any, at: list[Any]) -> Accepted:
+    status = status.decode() if isinstance(status, bytes) else status
+    if status == "done":
+        return Accepted("done", result=decode(payload, TurnResult))
+    accepted_at = _time(at[0]) if at else None
+    if status == "queued":
+        return Accepted("queued", ahead=int(payload), accepted_at=accepted_at)
+    return Accepted("start" if status == "start" else "pending", accepted_at=accepted_at)
 
 
 def _day(now: float) -> str:

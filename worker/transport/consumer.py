@@ -6,7 +6,8 @@ where due.
   published to the dead-letter exchange with ``x-loopwire-reason`` and
   ``x-loopwire-reason-code`` headers on its first delivery, announced as
   ``turn.rejected`` when its turn id can be read, and acked.
-- Transient failures (Redis down, a lost lease race) send the message to the
+- Transient failures (Redis down, a Redis Cluster slot without a master during a
+  failover, a lost lease race) send the message to the
   delay queue and ack it: the work is never lost and no worker blocks.
 - An unexpected error in a step is retried through the delay queue up to
   ``max_step_attempts`` times, then dead-lettered with the error as reason; a
@@ -35,7 +36,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import AMQPError
 from aiormq.exceptions import ChannelInvalidStateError
 from prometheus_client import CollectorRegistry
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from contracts import topology as t
 from contracts.base import SAFE_ID_PATTERN
@@ -166,7 +167,7 @@ class Consumer:
             )
             self.metrics.steps_abandoned.labels("stale_state").inc()
             return Retry("transient")
-        except (RetryableError, RedisError, ConnectionError) as exc:
+        except (RetryableError, RedisError, RedisClusterException, ConnectionError) as exc:
             log.warning("retrying work after a transient failure: %s", exc)
             return Retry("transient")
         except Exception as exc:
@@ -268,7 +269,7 @@ class Consumer:
                 ended = await self._perform(await self.work.fail_turn(step, letter.code, reason))
             except (AMQPError, ChannelInvalidStateError):
                 raise  # the broker went down: the delivery is given back and judged again
-            except (RetryableError, RedisError, ConnectionError) as exc:
+            except (RetryableError, RedisError, RedisClusterException, ConnectionError) as exc:
                 log.warning("could not end the turn of a dead step now, retrying: %s", exc)
                 return Retry("transient")
             except Exception:

@@ -1,0 +1,151 @@
+"""The one place a loopwire process builds its Redis client: workers, tool services, the CLI,
+the demo and the benchmark all call ``redis_client``.
+
+Two shapes of Redis:
+
+- **One Redis** (``redis://host:port/db``): a ``BlockingConnectionPool``. Past
+  ``max_connections`` a command waits (up to ``timeout``) for a free connection instead of
+  failing, so a burst of steps queues rather than erroring.
+- **Redis Cluster**: ``redis+cluster://host1:port1,host2:port2/`` names several seed nodes
+  (any one that answers is enough to discover the rest; give more than one so that a client
+  starting while a node is down still finds the cluster), or a plain ``redis://host:port`` URL
+  with ``cluster=True`` (``LOOPWIRE_REDIS_CLUSTER=true``) names one. redis-py's
+  ``RedisCluster`` routes each command by its key's hash slot, follows ``MOVED``/``ASK`` and
+  re-reads the slot map after a failover. A cluster has only database 0. Its pool is per
+  node: ``max_connections`` connections to each master, and a command that finds none free
+  fails (``MaxConnectionsError``) rather than waiting; the default sizes are far above what a
+  worker's prefetch can use at once.
+
+Both are typed ``Redis``: the cluster client offers every command loopwire uses (single-key
+commands, ``EVALSHA`` of scripts whose keys share a hash tag, non-transactional pipelines,
+which it splits by node but which may carry no script (``is_cluster`` tells the one caller
+that pipelines a script), ``SCAN``, which it runs on every master, and multi-key ``UNLINK``,
+which it splits by slot). The cluster suite (``tests/cluster``) proves each on a real cluster.
+
+A process that is about to use its client from many coroutines at once (a worker, a tool
+service, the benchmark's processes) first awaits ``ready(client)``: a cluster client reads the
+cluster's slot map then, once. redis-py's cluster client first used by many coroutines at once
+initializes under their feet and races its own fresh connections (``AttributeError:
+'NoneType' object has no attribute 'writelines'`` in a few of the first commands, seen with
+redis-py 7.4 and 8.1); initialized first, it does not. For one Redis ``ready`` does nothing.
+
+TLS: ``rediss://`` and ``rediss+cluster://`` turn on TLS with the system's CAs; a CA file
+and client certificates are what ``ssl_kwargs`` leaves room for (not configured yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, cast
+from urllib.parse import unquote, urlsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+CLUSTER_SCHEMES: Final = {"redis+cluster": False, "rediss+cluster": True}
+"""URL schemes that name a Redis Cluster (the value: whether it speaks TLS)."""
+DEFAULT_PORT: Final = 6379
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterURL:
+    """A Redis Cluster as a URL names it: seed nodes, credentials, TLS."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+
+def is_cluster(redis: Redis) -> bool:
+    """Whether ``redis`` is a cluster client (where a pipeline cannot carry a script)."""
+    return isinstance(redis, RedisCluster)
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def parse_cluster_url(url: str) -> ClusterURL:
+    """``redis+cluster://[user:password@]host1:port1,host2:port2[/0]`` (or a single-node
+    ``redis://`` URL); ``ValueError`` when it names a database other than 0."""
+    parts = urlsplit(url)
+    if parts.scheme not in CLUSTER_SCHEMES and parts.scheme not in ("redis", "rediss"):
+        raise ValueError(f"not a Redis URL: {_redacted(url)}")
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = credentials.partition(":")
+    path = parts.path.strip("/")
+    if path not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only database 0, not {path!r}")
+    nodes = tuple(_host_port(node) for node in hosts.split(",") if node)
+    if not nodes:
+        raise ValueError(f"no Redis Cluster node in {_redacted(url)}")
+    return ClusterURL(
+        nodes=nodes,
+        username=unquote(user) or None,
+        password=unquote(password) or None,
+        tls=CLUSTER_SCHEMES.get(parts.scheme, parts.scheme == "rediss"),
+    )
+
+
+def redis_client(
+    url: str,
+    *,
+    cluster: bool = False,
+    max_connections: int = 200,
+    timeout: float = 5.0,
+    ssl_kwargs: dict[str, Any] | None = None,
+) -> Redis:
+    """A client for ``url``: a cluster client when the URL's scheme says so or ``cluster``
+    is set, else one over a blocking pool. ``timeout`` bounds connecting, each reply and the
+    wait for a free pooled connection. ``ssl_kwargs`` go to the connections of a TLS URL."""
+    if cluster or is_cluster_url(url):
+        return _cluster(parse_cluster_url(url), max_connections, timeout, ssl_kwargs or {})
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=timeout,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        **(ssl_kwargs or {}),
+    )
+    return Redis.from_pool(pool)
+
+
+async def ready(client: Redis) -> Redis:
+    """``client`` ready for concurrent use: a cluster client discovers its nodes and slots now
+    (``RedisClusterException`` or a connection error when no seed node answers); a client of
+    one Redis makes no connection (it connects on first use, as before)."""
+    await client.initialize()
+    return client
+
+
+def _cluster(
+    target: ClusterURL, max_connections: int, timeout: float, ssl_kwargs: dict[str, Any]
+) -> Redis:
+    client = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+        username=target.username,
+        password=target.password,
+        max_connections=max_connections,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        ssl=target.tls,
+        **ssl_kwargs,
+    )
+    # the cluster client has the command API of Redis (see the module docstring)
+    return cast(Redis, client)
+
+
+def _host_port(node: str) -> tuple[str, int]:
+    """``host:port``, ``host`` (the default port) or ``[v6 address]:port``."""
+    if node.startswith("["):
+        host, _, rest = node[1:].partition("]")
+        return host, int(rest.removeprefix(":") or DEFAULT_PORT)
+    host, _, port = node.partition(":")
+    return host, int(port or DEFAULT_PORT)
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    return url.replace(parts.password, "***") if parts.password else url

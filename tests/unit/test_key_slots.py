@@ -1,0 +1,207 @@
+"""Every Lua script keeps its keys in one Redis Cluster hash slot.
+
+A script whose keys hash to two slots fails with ``CROSSSLOT`` on a cluster. Each case below
+runs the real code that calls a script against a client that never connects: it records the
+keys of every ``EVALSHA`` and stops there. The keys the code builds (``contracts.keys``) must
+map to one slot (``redis.crc.key_slot``, what the cluster client routes by). A module that
+registers a script and has no case here fails ``test_every_script_has_a_case``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.crc import key_slot
+
+from contracts.control import TurnCancel
+from contracts.registry import live_tools
+from contracts.state import AgentState
+from contracts.turns import InputMessage, TurnRequest, TurnResult
+from tool_services.calls import CallStore, Claim, ClaimKind
+from tool_services.notes.service import FileNoteArgs, file_note
+from tool_services.sdk import CallContext
+from worker.ratelimit import RedisRateLimiter
+from worker.redaction.vault import RedisVault
+from worker.session.handle import SessionHandle
+from worker.session.store import RedisStore
+
+ROOT = Path(__file__).resolve().parents[2]
+SESSION = "s-slot-1"
+TURN = "t-slot-1"
+CALL = f"{TURN}:call_{{1}}}}"
+"""An idempotency key: a call id comes from the model and may hold braces."""
+
+
+class Stop(Exception):
+    """Raised where the script would run: the keys are recorded, nothing else matters."""
+
+
+class Recorder(Redis):
+    """A Redis client that never connects: ``EVALSHA`` records its keys and stops; a
+    ``HGETALL`` answers an undecodable entry (so the registry drops it with its script)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scripts: list[list[str]] = []
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[0] == "EVALSHA":
+            numkeys = int(args[2])
+            self.scripts.append([str(k) for k in args[3 : 3 + numkeys]])
+            raise Stop
+        if args[0] == "HGETALL":
+            return {b"instance-1": b"\xc1 not msgpack"}
+        return None
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Any:
+        return _Pipeline(self)
+
+
+class _Pipeline:
+    """What ``RedisStore.accept`` pipelines: the script's keys are recorded as above."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.evalshas: list[tuple[Any, ...]] = []
+
+    async def __aenter__(self) -> _Pipeline:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        return None
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
+        self.recorder.scripts.append([str(k) for k in keys_and_args[:numkeys]])
+
+    def set(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    async def execute(self) -> Any:
+        raise Stop
+
+
+def _state() -> AgentState:
+    return AgentState(session_id=SESSION, agent="support", created_at=1.0, updated_at=2.0)
+
+
+def _request() -> TurnRequest:
+    return TurnRequest(
+        turn_id=TURN, session_id=SESSION, agent="support", input=[InputMessage(content="hi")]
+    )
+
+
+def _result() -> TurnResult:
+    return TurnResult(
+        turn_id=TURN,
+        session_id=SESSION,
+        agent="support",
+        content="done",
+        finish_reason="stop",
+        steps=1,
+        duration_s=0.1,
+        completed_at=3.0,
+    )
+
+
+def _context(redis: Redis) -> CallContext:
+    return CallContext(
+        call_id="call_1",
+        tool="file_note",
+        session_id=SESSION,
+        turn_id=TURN,
+        agent="support",
+        metadata={},
+        deadline=1e12,
+        idempotency_key=f"{TURN}:call_1",
+        redis=redis,
+    )
+
+
+Case = Callable[[Recorder], Awaitable[Any]]
+
+
+def _store(r: Recorder) -> RedisStore:
+    return RedisStore(r)
+
+
+def _handle(r: Recorder) -> SessionHandle:
+    return SessionHandle(_store(r), SESSION, 7, _state(), None, [b""])
+
+
+def _calls(r: Recorder) -> CallStore:
+    return CallStore(r, instance_id="i", lease_ms=1000, ttl_s=60)
+
+
+def _claim() -> Claim:
+    return Claim(ClaimKind.RUN, CALL, "token")
+
+
+CASES: dict[str, tuple[str, Case]] = {
+    # worker/session/scripts.py, through the session store
+    "BEGIN": ("worker/session/store.py", lambda r: _store(r).take(SESSION, TURN)),
+    "RENEW": ("worker/session/store.py", lambda r: _store(r).renew(_handle(r))),
+    "RELEASE": ("worker/session/store.py", lambda r: _store(r).release(_handle(r))),
+    "ACCEPT": ("worker/session/store.py", lambda r: _store(r).accept(_request())),
+    "CONTROL": (
+        "worker/session/store.py",
+        lambda r: _store(r).record_control(SESSION, TURN, "cancel", TurnCancel(turn_id=TURN)),
+    ),
+    "END_QUEUED": (
+        "worker/session/store.py",
+        lambda r: _store(r).end_queued(SESSION, TURN, _result()),
+    ),
+    "SAVE": ("worker/session/store.py", lambda r: _handle(r).save(_state(), result=_result())),
+    "SAVE without a result": ("worker/session/store.py", lambda r: _handle(r).save(_state())),
+    "ADMIT": (
+        "worker/ratelimit.py",
+        lambda r: RedisRateLimiter(
+            r, endpoint="http://model/v1", requests_per_minute=60, tokens_per_minute=6000
+        ).admit([], 100),
+    ),
+    "redaction ASSIGN": (
+        "worker/redaction/vault.py",
+        lambda r: RedisVault(r).assign(SESSION, [("EMAIL", "a@b.example", "a@b.example")], 60),
+    ),
+    "tool call CLAIM": ("tool_services/calls.py", lambda r: _calls(r).claim(CALL, idempotent=True)),
+    "tool call REFRESH": ("tool_services/calls.py", lambda r: _calls(r).refresh(_claim())),
+    "tool call STORE": (
+        "tool_services/calls.py",
+        lambda r: _calls(r).store(CALL, b"reply", "ok", token="token"),
+    ),
+    "tool call RELEASE": (
+        "tool_services/calls.py",
+        lambda r: _calls(r).release(_claim(), forget_owner=True),
+    ),
+    "notes APPEND": (
+        "tool_services/notes/service.py",
+        lambda r: file_note(FileNoteArgs(text="call back"), _context(r)),
+    ),
+    "registry DROP_IF_UNCHANGED": ("contracts/registry.py", lambda r: live_tools(r)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+async def test_a_script_keeps_its_keys_in_one_slot(name: str) -> None:
+    recorder = Recorder()
+    with pytest.raises(Stop):
+        await CASES[name][1](recorder)
+    assert len(recorder.scripts) == 1
+    script_keys = recorder.scripts[0]
+    assert script_keys, "the script was called without keys"
+    slots = {key: key_slot(key.encode()) for key in script_keys}
+    assert len(set(slots.values())) == 1, f"{name} spans slots: {slots}"
+
+
+def test_every_script_has_a_case() -> None:
+    """Every module of the project that registers a Lua script is exercised above."""
+    registering = set()
+    for package in ("contracts", "worker", "tool_services"):
+        for path in (ROOT / package).rglob("*.py"):
+            if re.search(r"\.register_script\(|\.eval(sha)?\(", path.read_text(encoding="utf-8")):
+                registering.add(str(path.relative_to(ROOT)))
+    assert registering == {module for module, _ in CASES.values()}
