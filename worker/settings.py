@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     )
 
     amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL.")
+    amqp_urls: str = Field(
+        default="",
+        description="RabbitMQ URLs, comma-separated, one per cluster node (failover); "
+        "when set, used instead of amqp_url.",
+    )
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
     reconnect_interval_s: float = Field(
         default=1.0, gt=0, le=60, description="Delay between AMQP reconnects."
