@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ class RabbitCluster:
 
     def start(self) -> None:
         began = time.monotonic()
+        self._stop_leftovers()
         try:
             with ThreadPoolExecutor(len(self.nodes)) as pool:
                 list(pool.map(lambda node: node.start(timeout=120), self.nodes))
@@ -67,6 +69,20 @@ class RabbitCluster:
             self.stop()
             raise
         self.boot_s = time.monotonic() - began
+
+    def _stop_leftovers(self) -> None:
+        """A node of these names still running is this suite's, left by a run that was killed
+        before it could stop it: stop it, or the new node of the same name cannot start."""
+        listed = subprocess.run(["epmd", "-names"], capture_output=True, text=True, check=False)
+        for node in self.nodes:
+            short = node.name.split("@", 1)[0]
+            if f"name {short} at port" in listed.stdout:
+                subprocess.run(
+                    ["rabbitmqctl", "-q", "-n", node.name, "stop"],
+                    capture_output=True,
+                    timeout=60,
+                    check=False,
+                )
 
     def running(self) -> list[str]:
         """The running members, as the first node that answers sees them."""
