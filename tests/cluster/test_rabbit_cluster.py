@@ -39,7 +39,7 @@ from tool_services.settings import Settings, ToolServiceSettings
 from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
-__all__ = ["rabbit_cluster"]  # the fixture
+__all__ = ["rabbit_cluster"]  # the module-scoped fixture, used from here
 
 TURNS = 45
 """Turns published one by one through a client on a node that stays up."""
@@ -78,7 +78,7 @@ def two_tool_steps(tool: str) -> Callable[[dict[str, Any]], Reply]:
         last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
         text = messages[last_user]["content"]
         done = sum(1 for m in messages[last_user:] if m["role"] == "tool")
-        delay = 1.0 if text.startswith("slow") else 0.1
+        delay = 2.0 if text.startswith("slow") else 0.1
         if done < TOOL_STEPS:
             return Reply.tool_calls((tool, {"q": f"{text}#{done}"}), delay=delay)
         return Reply.text(f"done {text}", delay=delay)
