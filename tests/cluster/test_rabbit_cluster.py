@@ -6,7 +6,8 @@ the turns run, the node the first worker is connected to (its metric says which)
 (``rabbitmqctl stop_app``) and later started again. The worker and the tool service, both
 connected to it, fail over to another node. Every turn ends once with its own answer, no tool
 call runs twice, and the worker says that it reconnected, in its log and its metrics, without
-ever logging the password.
+ever logging the password. And the ``loopwire`` command, given the three addresses, goes
+through a node that is up when the first is down.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -295,3 +299,43 @@ async def test_turns_survive_losing_the_node_a_worker_is_connected_to(
     assert "loopwire-client: reconnected to the broker at" in caplog.text
     for text in (log, second.log_path.read_text(errors="replace"), caplog.text):
         assert cluster.password not in text
+
+
+async def test_the_cli_goes_through_a_node_that_is_up(rabbit_cluster: RabbitCluster) -> None:
+    """``loopwire`` given the three nodes (``LOOPWIRE_AMQP_URLS``, or ``--amqp-url`` with the
+    list) while the first is down: it passes over it and publishes through the next; with
+    every node down it says which addresses it tried, without the password."""
+    cluster = rabbit_cluster
+    env = {**os.environ, "LOOPWIRE_AMQP_URLS": ",".join(cluster.urls)}
+    env.pop("LOOPWIRE_AMQP_URL", None)
+
+    async def loopwire(*args: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "worker.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+    down = cluster.nodes[0]
+    await asyncio.to_thread(down.stop_app)
+    try:
+        by_env = await loopwire("cancel", "t-cli-1", "--reason", "operator")
+        by_flag = await loopwire(
+            "--amqp-url", ",".join(cluster.urls), "cancel", "t-cli-2", "--reason", "operator"
+        )
+        unreachable = await loopwire(
+            "--amqp-url", cluster.urls[0], "cancel", "t-cli-3", "--reason", "operator"
+        )
+    finally:
+        await asyncio.to_thread(down.start_app)
+    assert (by_env.returncode, by_env.stdout) == (0, "cancel of turn t-cli-1 published\n")
+    assert (by_flag.returncode, by_flag.stdout) == (0, "cancel of turn t-cli-2 published\n")
+    assert unreachable.returncode == 1
+    assert unreachable.stderr.startswith(
+        f"error: cannot reach RabbitMQ at 127.0.0.1:{down.port}/ ("
+    )
+    for out in (by_env, by_flag, unreachable):
+        assert cluster.password not in out.stdout + out.stderr
