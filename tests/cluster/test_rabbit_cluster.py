@@ -182,11 +182,11 @@ async def test_turns_survive_losing_the_node_a_worker_is_connected_to(
         await near.connect()
 
         # every queue loopwire declares has a member on each node; reply queues are exclusive
-        queues = json.loads(
-            cluster.nodes[1].ctl(
-                "list_queues", "name", "type", "exclusive", "members", "--formatter", "json"
-            )
+        listed = await asyncio.to_thread(
+            cluster.nodes[1].ctl,
+            *("list_queues", "name", "type", "exclusive", "members", "--formatter", "json"),
         )
+        queues = json.loads(listed)
         shared = {q["name"]: q for q in queues if not q["exclusive"]}
         assert {"loopwire.turns", "loopwire.sessions", f"loopwire.tool.{tool}"} <= set(shared)
         assert {name: q["type"] for name, q in shared.items()} == dict.fromkeys(shared, "quorum")
