@@ -7,7 +7,8 @@ so publishing the same request again (after a lost confirm, say) is idempotent:
 the worker runs it once and answers the duplicate with the stored result.
 
 The connection is robust (reconnects every ``reconnect_s``, 1 s by default, as
-workers and tool services do). A reply sent while the client was disconnected is
+workers and tool services do) and takes several addresses, one per node of a RabbitMQ
+cluster: a lost connection is made again to the next node (``contracts.runtime.amqp``). A reply sent while the client was disconnected is
 lost with its queue, so after a reconnect the client publishes every waiting
 turn's request again: the copy runs nothing, and its answer is the result.
 """
@@ -37,6 +38,7 @@ from contracts.codec import DecodeError, decode, encode
 from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
 from contracts.publishing import publishing_exchange
+from contracts.runtime.amqp import DEFAULT_URL, connect, resolve_urls
 from contracts.runtime.tracing import inject
 from contracts.session_client import Sessions
 from contracts.streaming import StreamText, follow_text
@@ -234,9 +236,20 @@ class LoopwireClient:
     """``async with LoopwireClient(url) as client: result = await client.run_turn(...)``."""
 
     def __init__(
-        self, amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/", *, reconnect_s: float = 1.0
+        self,
+        amqp_url: str | Sequence[str] = DEFAULT_URL,
+        *,
+        reconnect_s: float = 1.0,
     ) -> None:
-        self.amqp_url = amqp_url
+        """``amqp_url``: one URL, or a list of them (one per node of a RabbitMQ cluster; also
+        as one comma-separated string): the client fails over between them."""
+        self.amqp_urls = (
+            resolve_urls(urls=amqp_url) if isinstance(amqp_url, str) else tuple(amqp_url)
+        )
+        if not self.amqp_urls:
+            raise ValueError("no AMQP address given")
+        self.amqp_url = self.amqp_urls[0]
+        """The first address (the one tried first)."""
         self.reconnect_s = reconnect_s
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
@@ -266,10 +279,8 @@ class LoopwireClient:
         await self.close()
 
     async def connect(self) -> None:
-        self._connection = await aio_pika.connect_robust(
-            self.amqp_url,
-            client_properties={"connection_name": "loopwire-client"},
-            reconnect_interval=self.reconnect_s,
+        self._connection = await connect(
+            self.amqp_urls, name="loopwire-client", reconnect_interval_s=self.reconnect_s
         )
         self._connection.reconnect_callbacks.add(self._ask_again)
         self._channel = await self._connection.channel(publisher_confirms=True)

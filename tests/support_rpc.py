@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import subprocess
 import time
 import uuid
 from collections import defaultdict
@@ -191,3 +193,20 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], *, timeout: float
             if await predicate():
                 return
             await asyncio.sleep(0.02)
+
+
+def ensure_test_vhost() -> None:
+    """The suites' own vhost, created when missing (``rabbitmqctl``, as root or the broker's
+    user): the tests purge the turn queues, so they never share a vhost with a running
+    loopwire. ``LOOPWIRE_TEST_AMQP_URL`` names another broker or vhost, set up beforehand."""
+    if os.environ.get("LOOPWIRE_TEST_AMQP_URL") or shutil.which("rabbitmqctl") is None:
+        return
+    subprocess.run(
+        ["rabbitmqctl", "-q", "add_vhost", TEST_VHOST], capture_output=True, timeout=60
+    )  # exists already: fine
+    subprocess.run(
+        ["rabbitmqctl", "-q", "set_permissions", "-p", TEST_VHOST, "guest", ".*", ".*", ".*"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )

@@ -55,6 +55,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from contracts.codec import DecodeError, decode
+from contracts.runtime import amqp
 from contracts.runtime.redis_client import ready, redis_client
 from contracts.tools import ToolCallRequest, idempotency_key
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
@@ -117,6 +118,8 @@ class ToolServer:
         self._announcer: Announcer | None = None
         self.metrics = metrics or ToolServiceMetrics(CollectorRegistry(), tools=service.tools)
         self.metrics.track_waiting(lambda: len(self._queued))
+        self.amqp_metrics = amqp.AmqpMetrics(self.metrics.registry)
+        """The broker connection's reconnects and connected address."""
 
     @property
     def waiting_for_slot(self) -> int:
@@ -162,10 +165,11 @@ class ToolServer:
             lease_ms=self.config.lease_ms,
             ttl_s=self.config.idempotency_ttl_s,
         )
-        self._connection = await aio_pika.connect_robust(
-            self.settings.amqp_url,
-            client_properties={"connection_name": self.instance_id},
-            reconnect_interval=self.config.reconnect_interval_s,
+        self._connection = await amqp.connect(
+            amqp.resolve_urls(self.settings.amqp_url, self.settings.amqp_urls),
+            name=self.instance_id,
+            reconnect_interval_s=self.config.reconnect_interval_s,
+            metrics=self.amqp_metrics,
         )
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=self.config.concurrency)

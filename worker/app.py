@@ -14,10 +14,10 @@ import os
 import signal
 from collections.abc import Callable
 
-import aio_pika
 from prometheus_client import CollectorRegistry
 
 from contracts import topology as t
+from contracts.runtime import amqp
 from contracts.runtime.health import HealthServer
 from contracts.runtime.redis_client import ready, redis_client
 from contracts.runtime.tracer_setup import start_tracing
@@ -73,6 +73,7 @@ class Worker:
         self.registry = registry or CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry, default_model=settings.model.model)
         build_info(self.registry, component="worker", service="worker")
+        self.amqp_metrics = amqp.AmqpMetrics(self.registry)
         self.profiles = load_profiles(settings)
         problems = check_providers(self.profiles.agents, endpoints(settings))
         if problems:
@@ -102,10 +103,11 @@ class Worker:
             on_loaded=lambda loaded: self.metrics.agents_loaded(loaded.agents, s.model.model),
             on_error=self.metrics.reload_errors.inc,
         )
-        connection = await aio_pika.connect_robust(
-            s.amqp_url,
-            client_properties={"connection_name": f"loopwire-worker-{os.getpid()}"},
-            reconnect_interval=s.reconnect_interval_s,
+        connection = await amqp.connect(
+            amqp.resolve_urls(s.amqp_url, s.amqp_urls),
+            name=f"loopwire-worker-{os.getpid()}",
+            reconnect_interval_s=s.reconnect_interval_s,
+            metrics=self.amqp_metrics,
         )
         gate = BrokerGate()
         gate.watch(connection)

@@ -112,6 +112,11 @@ class Settings(BaseSettings):
         )
 
     amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL.")
+    amqp_urls: str = Field(
+        default="",
+        description="RabbitMQ URLs, comma-separated, one per cluster node (failover); "
+        "when set, used instead of amqp_url.",
+    )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         description="Redis URL; redis+cluster://host1:port,host2:port/ names a Redis Cluster by "

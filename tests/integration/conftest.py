@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,9 +27,9 @@ from redis.asyncio import Redis
 from support_rpc import (
     AMQP_URL,
     REDIS_URL,
-    TEST_VHOST,
     RpcCaller,
     drop_announcements,
+    ensure_test_vhost,
     service_settings,
 )
 
@@ -47,20 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session", autouse=True)
 def test_vhost() -> None:
-    """The suite's own vhost, created when missing (``rabbitmqctl``, as root or the broker's
-    user): the tests purge the turn queues, so they never share a vhost with a running
-    loopwire. ``LOOPWIRE_TEST_AMQP_URL`` names another broker or vhost, set up beforehand."""
-    if os.environ.get("LOOPWIRE_TEST_AMQP_URL") or shutil.which("rabbitmqctl") is None:
-        return
-    subprocess.run(
-        ["rabbitmqctl", "-q", "add_vhost", TEST_VHOST], capture_output=True, timeout=60
-    )  # exists already: fine
-    subprocess.run(
-        ["rabbitmqctl", "-q", "set_permissions", "-p", TEST_VHOST, "guest", ".*", ".*", ".*"],
-        capture_output=True,
-        timeout=60,
-        check=True,
-    )
+    ensure_test_vhost()
 
 
 @pytest.fixture

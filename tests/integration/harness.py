@@ -14,7 +14,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from contracts import topology as t
 from contracts.client import LoopwireClient, TurnHandle
 from contracts.codec import decode, encode
 from contracts.events import Event
+from contracts.runtime.amqp import connect
 from contracts.runtime.redis_client import redis_client
 from contracts.tools import ToolAnnouncement, ToolCallReply, ToolCallRequest, ToolDefinition
 from worker.transport.topology import declare
@@ -318,14 +319,15 @@ class CountingToolService:
 class EventRecorder:
     """Every event published on ``loopwire.events`` while it runs."""
 
-    def __init__(self, pattern: str = "#") -> None:
+    def __init__(self, pattern: str = "#", *, amqp_urls: Sequence[str] = (AMQP_URL,)) -> None:
         self.pattern = pattern
+        self.amqp_urls = tuple(amqp_urls)
         self.events: list[Event] = []
         self.headers: list[dict[str, Any]] = []
         self.routing_keys: list[str] = []
 
     async def start(self) -> None:
-        self.connection = await aio_pika.connect(AMQP_URL)
+        self.connection = await connect(self.amqp_urls, name="loopwire-test-events")
         channel = await self.connection.channel()
         exchange = await channel.declare_exchange(
             t.EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -35,12 +36,12 @@ class RabbitNode:
     """One RabbitMQ node: ``start()``, ``stop_app()`` / ``start_app()`` (the broker goes away
     and comes back, as in a restart), ``close()`` (halts it and removes its files)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str | None = None) -> None:
         if shutil.which("rabbitmq-server") is None:
             raise RuntimeError("rabbitmq-server is not installed: a private node cannot start")
         self.port = _free_port()
         self.dist_port = _free_port()
-        self.name = f"lwtest{self.port}@localhost"
+        self.name = name or f"lwtest{self.port}@localhost"
         self.dir = Path(tempfile.mkdtemp(prefix="loopwire-rabbit-"))
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
@@ -54,16 +55,24 @@ class RabbitNode:
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
             "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
             "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_PID_FILE": str(self.dir / "mnesia" / "node.pid"),
         }
 
-    def _ctl(self, *args: str, timeout: float = 60) -> None:
-        subprocess.run(
+    def ctl(self, *args: str, timeout: float = 60) -> str:
+        """``rabbitmqctl -n <this node> ...``; its output. A failure names the command."""
+        done = subprocess.run(
             ["rabbitmqctl", "-q", "-n", self.name, *args],
             env=self._env(),
             capture_output=True,
             timeout=timeout,
-            check=True,
+            check=False,
         )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"rabbitmqctl -n {self.name} {' '.join(args)}: "
+                f"{(done.stderr or done.stdout).decode(errors='replace').strip()}"
+            )
+        return done.stdout.decode(errors="replace")
 
     def start(self, timeout: float = 60) -> None:
         (self.dir / "mnesia").mkdir()
@@ -91,13 +100,24 @@ class RabbitNode:
         raise RuntimeError(f"RabbitMQ node {self.name} did not open port {self.port}")
 
     def stop_app(self) -> None:
-        self._ctl("stop_app")
+        self.ctl("stop_app")
 
     def start_app(self) -> None:
-        self._ctl("start_app")
+        self.ctl("start_app")
         self._wait_open(60)
 
     def close(self) -> None:
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            self._ctl("stop", timeout=60)
+        """Halt the node (``rabbitmqctl stop``; when that fails, its own OS process is killed)
+        and remove its files."""
+        try:
+            self.ctl("stop", timeout=60)
+        except (subprocess.SubprocessError, OSError, RuntimeError):
+            self._kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _kill(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((self.dir / "mnesia" / "node.pid").read_text().strip())
+            # the pid is this node's only while its environment names the node's directory
+            if str(self.dir).encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                os.kill(pid, signal.SIGKILL)

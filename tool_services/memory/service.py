@@ -32,6 +32,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from contracts import topology as t
 from contracts.codec import encode
 from contracts.events import MemoryUpdated, make_event
+from contracts.runtime import amqp
 from tool_services.memory.store import MemoryStore
 from tool_services.sdk import CallContext, ToolError, ToolResult, ToolService
 
@@ -52,6 +53,11 @@ class MemorySettings(BaseSettings):
         default="amqp://guest:guest@127.0.0.1:5672/",
         validation_alias="LOOPWIRE_AMQP_URL",
         description="Where memory.updated events go (the service's broker).",
+    )
+    amqp_urls: str = Field(
+        default="",
+        validation_alias="LOOPWIRE_AMQP_URLS",
+        description="The broker's nodes, comma-separated (failover); used instead of amqp_url.",
     )
 
 
@@ -119,7 +125,10 @@ class Memory:
         try:
             async with self._lock:
                 if self._channel is None:
-                    self._events = await aio_pika.connect_robust(self.settings.amqp_url)
+                    self._events = await amqp.connect(
+                        amqp.resolve_urls(self.settings.amqp_url, self.settings.amqp_urls),
+                        name="loopwire-memory-events",
+                    )
                     self._channel = await self._events.channel(publisher_confirms=True)
             event = make_event(
                 "memory.updated",

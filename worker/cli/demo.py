@@ -28,6 +28,7 @@ import aiohttp
 
 from contracts.client import FINAL_EVENTS, LoopwireClient, new_id
 from contracts.registry import live_tools
+from contracts.runtime.amqp import address, resolve_urls
 from contracts.runtime.redis_client import redis_client
 from contracts.turns import TurnResult
 from worker.cli.demo_model import demo_model
@@ -165,8 +166,10 @@ async def run_demo(
     logs = Path(tempfile.mkdtemp(prefix="loopwire-demo-"))
     children = Children(logs)
     say("loopwire demo: one turn through RabbitMQ, Redis, three tool services and a model")
+    brokers = resolve_urls(settings.amqp_url, settings.amqp_urls)
     say(
-        f"  RabbitMQ {settings.amqp_url.split('@')[-1]}   Redis {settings.redis_url.split('@')[-1]}"
+        f"  RabbitMQ {', '.join(address(u) for u in brokers)}   "
+        f"Redis {settings.redis_url.split('@')[-1]}"
     )
     try:
         env = dict(os.environ)
@@ -193,7 +196,7 @@ async def run_demo(
         say(f"  started a worker and the tool services {', '.join(SERVICES)} (logs in {logs})")
         await _wait_ready(children, settings, worker_port)
         say(f"\n> {question}\n")
-        async with LoopwireClient(settings.amqp_url) as client:
+        async with LoopwireClient(brokers) as client:
             if workflow:
                 result = await _run_tree(client, question, timeout)
             else:

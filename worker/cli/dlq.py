@@ -22,6 +22,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from contracts import topology as t
 from contracts.codec import DecodeError, decode_obj
+from contracts.runtime.amqp import connect
 from worker.errors import NotReplayableError
 
 H_DEAD_ID = t.H_DEAD_ID
@@ -93,7 +94,7 @@ async def _take_all(channel: AbstractChannel) -> list[AbstractIncomingMessage]:
 
 
 async def list_dead(amqp_url: str) -> list[DeadLetter]:
-    connection = await aio_pika.connect(amqp_url)
+    connection = await connect(amqp_url, name="loopwire-cli")
     async with connection:
         channel = await connection.channel()
         taken = await _take_all(channel)
@@ -111,7 +112,7 @@ async def replay(amqp_url: str, wanted: str) -> DeadLetter | None:
     the step would find no turn to run and be dropped. To run that work again, publish the
     turn's request anew, with a new turn id. A dead turn request (an unknown agent, say, since
     added to the agents file) is replayed as it was."""
-    connection = await aio_pika.connect(amqp_url)
+    connection = await connect(amqp_url, name="loopwire-cli")
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         taken = await _take_all(channel)

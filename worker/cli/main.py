@@ -29,8 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--amqp-url",
-        default=os.environ.get("LOOPWIRE_AMQP_URL", DEFAULT_AMQP),
-        help="RabbitMQ URL (default: $LOOPWIRE_AMQP_URL or %(default)s)",
+        default=os.environ.get("LOOPWIRE_AMQP_URLS")
+        or os.environ.get("LOOPWIRE_AMQP_URL", DEFAULT_AMQP),
+        help="RabbitMQ URL, or one per cluster node, comma-separated (default: "
+        "$LOOPWIRE_AMQP_URLS, $LOOPWIRE_AMQP_URL or %(default)s)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("worker", help="run a worker (configured by LOOPWIRE_* variables)")

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from contracts.client import LoopwireClient, TurnHandle, TurnRejectedError
 from contracts.control import TurnCancel
+from contracts.runtime.amqp import AmqpUnreachableError, address
 from contracts.turns import LimitOverrides, TurnResult
 from worker.cli.output import print_event, print_result
 from worker.errors import CliError
@@ -166,21 +167,16 @@ async def run_cancel_command(
 
 @contextlib.asynccontextmanager
 async def connect(amqp_url: str) -> AsyncIterator[LoopwireClient]:
+    """A connected client; ``amqp_url`` may name several nodes, comma-separated."""
     client = LoopwireClient(amqp_url)
     try:
         await asyncio.wait_for(client.connect(), 15)
+    except AmqpUnreachableError as exc:  # names each address (never a password) and why
+        raise CliError(str(exc)) from None
     except (OSError, TimeoutError, ConnectionError) as exc:
-        raise CliError(
-            f"cannot reach RabbitMQ at {_redact_url(amqp_url)}: {exc or type(exc).__name__}"
-        ) from None
+        where = ", ".join(address(url) for url in client.amqp_urls)
+        raise CliError(f"cannot reach RabbitMQ at {where}: {exc or type(exc).__name__}") from None
     try:
         yield client
     finally:
         await client.close()
-
-
-def _redact_url(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url

@@ -13,6 +13,11 @@ echo it, its correlation id) to every call waiting on that key — a step redone
 while its first attempt still waits sends the call again under the same key, and
 both get the one stored reply — without scanning the calls in flight; a call's
 cleanup removes only its own future. A lost reply times out.
+
+On a RabbitMQ cluster the reply queue stays exclusive and auto-deleted (a classic queue on
+the node of this worker's connection, declared again on the next node after a failover):
+it belongs to one connection, which a quorum queue cannot. Replies lost with it are
+recovered by the idempotency key (``contracts/runtime/amqp.py``, docs/operations.md).
 """
 
 from __future__ import annotations
