@@ -396,7 +396,7 @@ async def test_kubernetes_manifests_match_the_processes(monkeypatch: pytest.Monk
         assert not any("valueFrom" in var for var in container.get("env", []))  # files only
         role = "loopwire-worker" if name == "loopwire-worker" else "loopwire-tools"
         assert (
-            f"//{role}:" in env["LOOPWIRE_AMQP_URL"] and f"//{role}:" in env["LOOPWIRE_REDIS_URL"]
+            f"//{role}:" in env["LOOPWIRE_AMQP_URLS"] and f"//{role}:" in env["LOOPWIRE_REDIS_URL"]
         )
         settings = configure(container["command"], env, monkeypatch)
         assert settings is not None
