@@ -228,7 +228,13 @@ TLS_QUERY_OPTIONS = ("cafile", "capath", "cadata", "certfile", "keyfile", "no_ve
 
 def tls_context(urls: Sequence[str], tls: TlsFiles | None) -> ssl.SSLContext | None:
     """The one TLS context of every address (``None``: no TLS files given; an ``amqps://``
-    URL then uses its query's files, or the system's CAs)."""
+    URL then uses its query's files, or the system's CAs). An address whose query turns
+    verification off (aiormq's ``no_verify_ssl``) is refused."""
+    for url in urls:
+        if URL(url).query.get("no_verify_ssl", "0") != "0":
+            raise TlsConfigError(
+                f"{address(url)}: no_verify_ssl is refused; give the CA file instead"
+            )
     if tls is None or not tls.given:
         return None
     for url in urls:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from typing import Final, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -160,7 +160,18 @@ def _why(exc: BaseException) -> str:
     return _redacted(str(exc)) or type(exc).__name__
 
 
+UNVERIFIED: Final = {"ssl_cert_reqs": ("none", "optional"), "ssl_check_hostname": ("false", "0")}
+"""URL query values that would turn verification off in redis-py: refused."""
+
+
 def _tls_options(url: str, tls: TlsFiles | None) -> RedisTlsOptions:
+    query = parse_qs(urlsplit(url).query)
+    for option, refused in UNVERIFIED.items():
+        if any(value.lower() in refused for value in query.get(option, ())):
+            raise TlsConfigError(
+                f"{address(url)}: {option} that turns verification off is refused; give the CA "
+                "file instead"
+            )
     if tls is None or not tls.given:
         return RedisTlsOptions()
     if urlsplit(url).scheme not in TLS_SCHEMES:

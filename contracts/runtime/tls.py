@@ -17,7 +17,8 @@ the process says so and names the address (``host:port``), never a password.
 
 Mistakes refused at start rather than guessed at: TLS files given for a URL that does not
 speak TLS (``amqp://``, ``redis://``: the files would be silently unused), a key without its
-certificate, and (AMQP) files given both as settings and in a URL's query string.
+certificate, (AMQP) files given both as settings and in a URL's query string, and a URL query
+that would turn verification off (the factories check their library's options).
 """
 
 from __future__ import annotations

@@ -121,3 +121,21 @@ def test_the_redis_factory_gives_the_files_to_every_node() -> None:
 def test_the_client_takes_the_files() -> None:
     files = TlsFiles(ca_file=SYSTEM_CA)
     assert LoopwireClient("amqps://u:p@rabbit:5671/", tls=files).tls == files
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rediss://127.0.0.1:6380/0?ssl_cert_reqs=none",
+        "rediss://127.0.0.1:6380/0?ssl_check_hostname=false",
+    ],
+)
+def test_turning_redis_verification_off_in_the_url_is_refused(url: str) -> None:
+    with pytest.raises(TlsConfigError, match="verification off is refused"):
+        redis_client(url)
+
+
+def test_turning_amqp_verification_off_in_the_url_is_refused() -> None:
+    with pytest.raises(TlsConfigError, match="no_verify_ssl is refused"):
+        tls_context(["amqps://u:p@rabbit:5671/?no_verify_ssl=1"], None)
+    assert tls_context(["amqps://u:p@rabbit:5671/?no_verify_ssl=0"], None) is None
