@@ -36,6 +36,7 @@ from contracts.events import Event
 from contracts.handle import FINAL_EVENTS, TurnHandle, TurnRejectedError, publish_control
 from contracts.publishing import publishing_exchange
 from contracts.runtime.amqp import DEFAULT_URL, connect, resolve_urls
+from contracts.runtime.tls import TlsFiles
 from contracts.runtime.tracing import inject
 from contracts.session_client import Sessions
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
@@ -69,9 +70,15 @@ class LoopwireClient:
         amqp_url: str | Sequence[str] = DEFAULT_URL,
         *,
         reconnect_s: float = 1.0,
+        tls: TlsFiles | None = None,
     ) -> None:
         """``amqp_url``: one URL, or a list of them (one per node of a RabbitMQ cluster; also
-        as one comma-separated string): the client fails over between them."""
+        as one comma-separated string): the client fails over between them. ``tls``: the CA
+        file and, optionally, client certificate and key of ``amqps://`` addresses (the
+        server's certificate and host name are always verified).
+
+        ``LoopwireClient("amqps://user:pw@rabbit:5671/", tls=TlsFiles(ca_file=Path("ca.pem")))``
+        """
         self.amqp_urls = (
             resolve_urls(urls=amqp_url) if isinstance(amqp_url, str) else tuple(amqp_url)
         )
@@ -80,6 +87,7 @@ class LoopwireClient:
         self.amqp_url = self.amqp_urls[0]
         """The first address (the one tried first)."""
         self.reconnect_s = reconnect_s
+        self.tls = tls
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
         self._waiting: dict[str, TurnHandle] = {}
@@ -109,7 +117,10 @@ class LoopwireClient:
 
     async def connect(self) -> None:
         self._connection = await connect(
-            self.amqp_urls, name="loopwire-client", reconnect_interval_s=self.reconnect_s
+            self.amqp_urls,
+            name="loopwire-client",
+            reconnect_interval_s=self.reconnect_s,
+            tls=self.tls,
         )
         self._connection.reconnect_callbacks.add(self._ask_again)
         self._channel = await self._connection.channel(publisher_confirms=True)

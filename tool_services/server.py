@@ -56,7 +56,7 @@ from redis.asyncio import Redis
 
 from contracts.codec import DecodeError, decode
 from contracts.runtime import amqp
-from contracts.runtime.redis_client import ready, redis_client
+from contracts.runtime.redis_client import check, redis_client
 from contracts.tools import ToolCallRequest, idempotency_key
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
 from tool_services.calls import CallStore, ClaimKind
@@ -156,9 +156,9 @@ class ToolServer:
             cluster=self.settings.redis_cluster,
             max_connections=2 * self.config.concurrency + 16,
             timeout=10,
+            tls=self.settings.redis_tls,
         )
-        await ready(self._redis)
-        await self._redis.ping()
+        await check(self._redis, self.settings.redis_url)
         self._calls = CallStore(
             self._redis,
             instance_id=self.instance_id,
@@ -170,6 +170,7 @@ class ToolServer:
             name=self.instance_id,
             reconnect_interval_s=self.config.reconnect_interval_s,
             metrics=self.amqp_metrics,
+            tls=self.settings.amqp_tls,
         )
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=self.config.concurrency)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.runtime.secrets import with_secret_files
+from contracts.runtime.tls import TlsFiles
 
 
 class ToolServiceSettings(BaseModel):
@@ -99,6 +100,16 @@ class Settings(BaseSettings):
     redis_cluster: bool = Field(
         default=False,
         description="Talk to redis_url as a Redis Cluster (implied by a redis+cluster:// URL).",
+    )
+    amqp_tls: TlsFiles = Field(
+        default=TlsFiles(),
+        description="CA file, client certificate and key for amqps:// addresses "
+        "(LOOPWIRE_AMQP_TLS__CA_FILE, __CERT_FILE, __KEY_FILE); see docs/operations.md.",
+    )
+    redis_tls: TlsFiles = Field(
+        default=TlsFiles(),
+        description="CA file, client certificate and key for a rediss:// URL "
+        "(LOOPWIRE_REDIS_TLS__CA_FILE, __CERT_FILE, __KEY_FILE).",
     )
     log_level: str = Field(default="INFO", description="Logging level of `serve`.")
     tools: ToolServiceSettings = Field(default_factory=ToolServiceSettings)

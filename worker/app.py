@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 from contracts import topology as t
 from contracts.runtime import amqp
 from contracts.runtime.health import HealthServer
-from contracts.runtime.redis_client import ready, redis_client
+from contracts.runtime.redis_client import RedisUnreachableError, check, redis_client
+from contracts.runtime.tls import TlsConfigError
 from contracts.runtime.tracer_setup import start_tracing
 from worker import collector
 from worker.agents import AgentProfile, AgentProfiles
@@ -91,8 +92,9 @@ class Worker:
             cluster=s.redis_cluster,
             max_connections=s.redis_max_connections,
             timeout=s.redis_timeout_s,
+            tls=s.redis_tls,
         )
-        await ready(redis)
+        await check(redis, s.redis_url)
         redaction = Redaction(RedisVault(redis), default_ttl_s=s.state_ttl_s)
         source = self.source = ProfileSource(
             self.profiles,
@@ -108,6 +110,7 @@ class Worker:
             name=f"loopwire-worker-{os.getpid()}",
             reconnect_interval_s=s.reconnect_interval_s,
             metrics=self.amqp_metrics,
+            tls=s.amqp_tls,
         )
         gate = BrokerGate()
         gate.watch(connection)
@@ -346,4 +349,10 @@ def main() -> int:
     except ProfileError as exc:  # a hook set that does not resolve
         log.error("%s", exc)
         return 2
+    except TlsConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    except (amqp.AmqpUnreachableError, RedisUnreachableError) as exc:  # names the address
+        log.error("%s", exc)
+        return 1
     return 0

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from contracts.messages import Usage
 from contracts.runtime.secrets import with_secret_files
+from contracts.runtime.tls import TlsFiles
 
 
 class ModelSettings(BaseModel):
@@ -125,6 +126,16 @@ class Settings(BaseSettings):
     redis_cluster: bool = Field(
         default=False,
         description="Talk to redis_url as a Redis Cluster (implied by a redis+cluster:// URL).",
+    )
+    amqp_tls: TlsFiles = Field(
+        default=TlsFiles(),
+        description="CA file, client certificate and key for amqps:// addresses "
+        "(LOOPWIRE_AMQP_TLS__CA_FILE, __CERT_FILE, __KEY_FILE); see docs/operations.md.",
+    )
+    redis_tls: TlsFiles = Field(
+        default=TlsFiles(),
+        description="CA file, client certificate and key for a rediss:// URL "
+        "(LOOPWIRE_REDIS_TLS__CA_FILE, __CERT_FILE, __KEY_FILE).",
     )
     reconnect_interval_s: float = Field(
         default=1.0, gt=0, le=60, description="Delay between AMQP reconnects."

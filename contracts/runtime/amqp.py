@@ -7,6 +7,13 @@ Addresses. A process takes a list of AMQP URLs, one per node of a RabbitMQ clust
 files, heartbeat) are read from the address the process starts on; give every address the
 same ones.
 
+TLS. ``amqps://`` addresses with ``tls`` (a ``TlsFiles``: ``LOOPWIRE_AMQP_TLS__*``): one
+``ssl.SSLContext`` built by ``contracts.runtime.tls`` serves every address, and it verifies the
+server's certificate and host name. aiormq also reads ``cafile``, ``certfile`` and ``keyfile``
+from an ``amqps://`` URL's query; that form still works without ``tls``, and giving both is
+refused. A certificate that does not verify fails the attempt like an unreachable node: the
+error names the address and says the certificate could not be verified.
+
 Failover. aio-pika's robust connection reconnects to the one URL it was given, and aio-pika
 has no list of URLs. ``FailoverConnection`` is that robust connection with a list: whenever
 a connection attempt fails or an established connection closes, the next attempt (after
@@ -38,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +54,8 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aio_pika.robust_connection import RobustConnection
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from yarl import URL
+
+from contracts.runtime.tls import TlsConfigError, TlsFiles, amqp_ssl_context
 
 log = logging.getLogger("loopwire.amqp")
 
@@ -179,13 +189,16 @@ async def connect(
     reconnect_interval_s: float = 1.0,
     metrics: AmqpMetrics | None = None,
     timeout_s: float = CONNECT_TIMEOUT_S,
+    tls: TlsFiles | None = None,
 ) -> AbstractRobustConnection:
     """A connected ``FailoverConnection`` over ``urls`` (a list, or one URL), named ``name``
-    in the broker's connection list. Tries each address once, in order; raises
-    ``AmqpUnreachableError`` (naming the addresses, never a password) when none answers."""
+    in the broker's connection list, with the TLS files ``tls`` for ``amqps://`` addresses.
+    Tries each address once, in order; raises ``AmqpUnreachableError`` (naming the addresses,
+    never a password) when none answers, ``TlsConfigError`` for TLS settings it cannot use."""
     listed = resolve_urls(urls=urls) if isinstance(urls, str) else tuple(urls)
     if not listed:
         raise ValueError("no AMQP address given")
+    context = tls_context(listed, tls)
     if metrics is not None:
         metrics.addresses(listed)
     failures: list[str] = []
@@ -196,6 +209,7 @@ async def connect(
             metrics=metrics,
             client_properties={"connection_name": name},
             reconnect_interval=reconnect_interval_s,
+            ssl_context=context,
         )
         try:
             await connection.connect(timeout=timeout_s)
@@ -208,5 +222,50 @@ async def connect(
     raise AmqpUnreachableError("cannot reach RabbitMQ at " + ", ".join(failures))
 
 
+TLS_QUERY_OPTIONS = ("cafile", "capath", "cadata", "certfile", "keyfile", "no_verify_ssl")
+"""What aiormq reads from an ``amqps://`` URL's query string."""
+
+
+def tls_context(urls: Sequence[str], tls: TlsFiles | None) -> ssl.SSLContext | None:
+    """The one TLS context of every address (``None``: no TLS files given; an ``amqps://``
+    URL then uses its query's files, or the system's CAs). An address whose query turns
+    verification off (aiormq's ``no_verify_ssl``) is refused."""
+    for url in urls:
+        if URL(url).query.get("no_verify_ssl", "0") != "0":
+            raise TlsConfigError(
+                f"{address(url)}: no_verify_ssl is refused; give the CA file instead"
+            )
+    if tls is None or not tls.given:
+        return None
+    for url in urls:
+        parsed = URL(url)
+        if parsed.scheme != "amqps":
+            raise TlsConfigError(
+                f"AMQP TLS files are set but {address(parsed)} is not an amqps:// address"
+            )
+        if any(option in parsed.query for option in TLS_QUERY_OPTIONS):
+            raise TlsConfigError(
+                f"give the AMQP TLS files as settings or in the URL of {address(parsed)}, not both"
+            )
+    return amqp_ssl_context(tls)
+
+
 def _describe(exc: BaseException) -> str:
+    reason = _tls_reason(exc)
+    if reason is not None:
+        return f"the server's certificate could not be verified: {reason}"
     return str(exc) or type(exc).__name__
+
+
+def _tls_reason(exc: BaseException | None) -> str | None:
+    """The verification failure somewhere in ``exc``'s chain (aiormq wraps it), if any."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return exc.verify_message or str(exc)
+        for arg in exc.args:
+            if isinstance(arg, ssl.SSLCertVerificationError):
+                return arg.verify_message or str(arg)
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None

@@ -29,22 +29,39 @@ initializes under their feet and races its own fresh connections (``AttributeErr
 'NoneType' object has no attribute 'writelines'`` in a few of the first commands, seen with
 redis-py 7.4 and 8.1); initialized first, it does not. For one Redis ``ready`` does nothing.
 
-TLS: ``rediss://`` and ``rediss+cluster://`` turn on TLS with the system's CAs; a CA file
-and client certificates are what ``ssl_kwargs`` leaves room for (not configured yet).
+TLS: ``rediss://`` and ``rediss+cluster://`` turn on TLS. ``tls`` (a ``TlsFiles``,
+``LOOPWIRE_REDIS_TLS__*``) gives the CA file and a client certificate and key, to every node;
+the options are built by ``contracts.runtime.tls.redis_tls_options``, which verifies the
+server's certificate and host name (without a CA file, against the system's CAs). TLS files
+for a ``redis://`` URL are refused. redis-py also reads ``ssl_ca_certs``, ``ssl_certfile``
+and ``ssl_keyfile`` from a single Redis's URL query; a cluster URL's query is not read.
+
+Unreachable. ``check(client, url)`` is what a process runs before it starts work: it raises
+``RedisUnreachableError`` naming the address (``host:port``, never a password) and the cause,
+and says so when the server's certificate could not be verified.
 """
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
-from typing import Any, Final, cast
-from urllib.parse import unquote, urlsplit
+from typing import Final, cast
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+
+from contracts.runtime.tls import RedisTlsOptions, TlsConfigError, TlsFiles, redis_tls_options
 
 CLUSTER_SCHEMES: Final = {"redis+cluster": False, "rediss+cluster": True}
 """URL schemes that name a Redis Cluster (the value: whether it speaks TLS)."""
 DEFAULT_PORT: Final = 6379
+TLS_SCHEMES: Final = {"rediss", "rediss+cluster"}
+
+
+class RedisUnreachableError(ConnectionError):
+    """Redis did not answer a process starting (the message names the address)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,22 +111,74 @@ def redis_client(
     cluster: bool = False,
     max_connections: int = 200,
     timeout: float = 5.0,
-    ssl_kwargs: dict[str, Any] | None = None,
+    tls: TlsFiles | None = None,
 ) -> Redis:
     """A client for ``url``: a cluster client when the URL's scheme says so or ``cluster``
     is set, else one over a blocking pool. ``timeout`` bounds connecting, each reply and the
-    wait for a free pooled connection. ``ssl_kwargs`` go to the connections of a TLS URL."""
+    wait for a free pooled connection. ``tls``: the TLS files of a ``rediss://`` URL."""
+    options = _tls_options(url, tls)
     if cluster or is_cluster_url(url):
-        return _cluster(parse_cluster_url(url), max_connections, timeout, ssl_kwargs or {})
+        return _cluster(parse_cluster_url(url), max_connections, timeout, options)
     pool = BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=timeout,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
-        **(ssl_kwargs or {}),
+        **options,
     )
     return Redis.from_pool(pool)
+
+
+def address(url: str) -> str:
+    """The ``host:port`` list of a Redis URL, for messages: no user, no password."""
+    hosts = urlsplit(url).netloc.rpartition("@")[2]
+    return ",".join(f"{h}:{p}" for h, p in (_host_port(n) for n in hosts.split(",") if n))
+
+
+async def check(client: Redis, url: str) -> None:
+    """``client`` answers a PING, else ``RedisUnreachableError`` naming ``url``'s address and
+    why (a certificate that could not be verified is said to be so)."""
+    try:
+        await ready(client)
+        await client.ping()
+    except (RedisError, RedisClusterException, OSError) as exc:
+        raise RedisUnreachableError(f"cannot reach Redis at {address(url)}: {_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            break
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(
+            seen
+        ):
+            detail = getattr(seen, "verify_message", None) or str(seen)
+            return f"the server's certificate could not be verified: {detail}"
+        seen = seen.__cause__ or seen.__context__
+    return _redacted(str(exc)) or type(exc).__name__
+
+
+UNVERIFIED: Final = {"ssl_cert_reqs": ("none", "optional"), "ssl_check_hostname": ("false", "0")}
+"""URL query values that would turn verification off in redis-py: refused."""
+
+
+def _tls_options(url: str, tls: TlsFiles | None) -> RedisTlsOptions:
+    query = parse_qs(urlsplit(url).query)
+    for option, refused in UNVERIFIED.items():
+        if any(value.lower() in refused for value in query.get(option, ())):
+            raise TlsConfigError(
+                f"{address(url)}: {option} that turns verification off is refused; give the CA "
+                "file instead"
+            )
+    if tls is None or not tls.given:
+        return RedisTlsOptions()
+    if urlsplit(url).scheme not in TLS_SCHEMES:
+        raise TlsConfigError(
+            f"Redis TLS files are set but {address(url)} is not a rediss:// address"
+        )
+    return redis_tls_options(tls)
 
 
 async def ready(client: Redis) -> Redis:
@@ -121,7 +190,7 @@ async def ready(client: Redis) -> Redis:
 
 
 def _cluster(
-    target: ClusterURL, max_connections: int, timeout: float, ssl_kwargs: dict[str, Any]
+    target: ClusterURL, max_connections: int, timeout: float, tls: RedisTlsOptions
 ) -> Redis:
     client = RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
@@ -131,7 +200,7 @@ def _cluster(
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         ssl=target.tls,
-        **ssl_kwargs,
+        **tls,
     )
     # the cluster client has the command API of Redis (see the module docstring)
     return cast(Redis, client)

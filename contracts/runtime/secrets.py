@@ -5,7 +5,8 @@ the tool services may come from one, nested settings too (``LOOPWIRE_AMQP_URL_FI
 ``LOOPWIRE_REDIS_URL_FILE``, ``LOOPWIRE_MODEL__API_KEY_FILE``). The file's content is the
 value, less a trailing newline. A setting given both ways is refused (which one was meant is
 not clear), as is a file that cannot be read; the error names the variable and the file,
-never what it holds.
+never what it holds. A variable that is itself the name of a setting is that setting, not a
+file holding another: ``LOOPWIRE_AMQP_TLS__CA_FILE`` is the path of a CA file.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
@@ -38,6 +40,7 @@ class SecretFiles(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         found: dict[str, Any] = {}
         fields = self.settings_cls.model_fields
+        delim = self.delimiter.lower()
         for variable, path in self.environ.items():
             name = variable.upper()
             if not (name.startswith(self.prefix) and name.endswith(SUFFIX)):
@@ -46,6 +49,8 @@ class SecretFiles(PydanticBaseSettingsSource):
             parts = setting[len(self.prefix) :].lower().split(self.delimiter.lower())
             if parts[0] not in fields:
                 continue  # not a setting of this process (e.g. a provider's own key file)
+            if _names_field(self.settings_cls, name[len(self.prefix) :].lower().split(delim)):
+                continue  # a setting whose own name ends in _FILE (LOOPWIRE_AMQP_TLS__CA_FILE)
             if any(key.upper() == setting for key in self.environ):
                 raise ValueError(f"give {setting} or {name}, not both")
             node = found
@@ -53,6 +58,22 @@ class SecretFiles(PydanticBaseSettingsSource):
                 node = node.setdefault(part, {})
             node[parts[-1]] = _read(name, path)
         return found
+
+
+def _names_field(model: type[BaseModel], parts: list[str]) -> bool:
+    """Whether ``parts`` (a variable's name less the prefix, split at the delimiter) is the
+    path of a field of ``model`` through its nested models."""
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        if i == len(parts) - 1:
+            return True
+        annotation = field.annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return False
+        model = annotation
+    return False
 
 
 def _read(variable: str, path: str) -> str:

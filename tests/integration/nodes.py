@@ -17,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -34,13 +35,22 @@ def _port_open(port: int) -> bool:
 
 class RabbitNode:
     """One RabbitMQ node: ``start()``, ``stop_app()`` / ``start_app()`` (the broker goes away
-    and comes back, as in a restart), ``close()`` (halts it and removes its files)."""
+    and comes back, as in a restart), ``close()`` (halts it and removes its files).
 
-    def __init__(self, name: str | None = None) -> None:
+    ``config``: more lines of its ``rabbitmq.conf`` (a TLS listener, ``ssl_options.*``), and
+    ``ports``: the further ports it must open before it counts as started. Files it must read
+    (certificates, keys) go in ``dir`` before ``start()``, which gives them to the ``rabbitmq``
+    user."""
+
+    def __init__(
+        self, name: str | None = None, *, config: Sequence[str] = (), ports: Sequence[int] = ()
+    ) -> None:
         if shutil.which("rabbitmq-server") is None:
             raise RuntimeError("rabbitmq-server is not installed: a private node cannot start")
         self.port = _free_port()
         self.dist_port = _free_port()
+        self.config = tuple(config)
+        self.ports = tuple(ports)
         self.name = name or f"lwtest{self.port}@localhost"
         self.dir = Path(tempfile.mkdtemp(prefix="loopwire-rabbit-"))
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
@@ -78,7 +88,14 @@ class RabbitNode:
         (self.dir / "mnesia").mkdir()
         (self.dir / "log").mkdir()
         (self.dir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.local = 127.0.0.1:{self.port}\nloopback_users = none\n"
+            "\n".join(
+                [
+                    f"listeners.tcp.local = 127.0.0.1:{self.port}",
+                    "loopback_users = none",
+                    *self.config,
+                ]
+            )
+            + "\n"
         )
         (self.dir / "enabled_plugins").write_text("[].\n")
         self.dir.chmod(0o755)
@@ -93,11 +110,11 @@ class RabbitNode:
 
     def _wait_open(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if _port_open(self.port):
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"RabbitMQ node {self.name} did not open port {self.port}")
+        for port in (self.port, *self.ports):
+            while not _port_open(port):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"RabbitMQ node {self.name} did not open port {port}")
+                time.sleep(0.2)
 
     def stop_app(self) -> None:
         self.ctl("stop_app")

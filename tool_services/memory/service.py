@@ -33,6 +33,7 @@ from contracts import topology as t
 from contracts.codec import encode
 from contracts.events import MemoryUpdated, make_event
 from contracts.runtime import amqp
+from contracts.runtime.tls import TlsFiles, TlsSettings
 from tool_services.memory.store import MemoryStore
 from tool_services.sdk import CallContext, ToolError, ToolResult, ToolService
 
@@ -58,6 +59,10 @@ class MemorySettings(BaseSettings):
         default="",
         validation_alias="LOOPWIRE_AMQP_URLS",
         description="The broker's nodes, comma-separated (failover); used instead of amqp_url.",
+    )
+    amqp_tls: TlsFiles = Field(
+        default_factory=lambda: TlsSettings().amqp_tls,
+        description="The broker's TLS files, from LOOPWIRE_AMQP_TLS__* as every process's.",
     )
 
 
@@ -128,6 +133,7 @@ class Memory:
                     self._events = await amqp.connect(
                         amqp.resolve_urls(self.settings.amqp_url, self.settings.amqp_urls),
                         name="loopwire-memory-events",
+                        tls=self.settings.amqp_tls,
                     )
                     self._channel = await self._events.channel(publisher_confirms=True)
             event = make_event(

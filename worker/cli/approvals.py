@@ -17,13 +17,16 @@ from pydantic import ValidationError
 
 from contracts.control import TurnDecision
 from contracts.runtime.redis_client import redis_client
+from contracts.runtime.tls import TlsFiles
 from worker.cli.turns import EXIT_OK, connect
 from worker.errors import CliError
 from worker.session.store import RedisStore
 
 
-async def list_approvals(*, redis_url: str, as_json: bool, cluster: bool = False) -> int:
-    redis = redis_client(redis_url, cluster=cluster)
+async def list_approvals(
+    *, redis_url: str, as_json: bool, cluster: bool = False, tls: TlsFiles | None = None
+) -> int:
+    redis = redis_client(redis_url, cluster=cluster, tls=tls)
     try:
         waiting = await RedisStore(redis).approvals()
     except OSError as exc:
@@ -48,6 +51,7 @@ async def list_approvals(*, redis_url: str, as_json: bool, cluster: bool = False
 async def decide(
     *,
     amqp_url: str,
+    tls: TlsFiles | None = None,
     turn_id: str,
     call_id: str,
     verdict: Literal["approve", "reject"],
@@ -74,7 +78,7 @@ async def decide(
         )
     except ValidationError as exc:
         raise CliError(f"invalid decision: {exc.errors()[0]['msg']}", code=2) from None
-    async with connect(amqp_url) as client:
+    async with connect(amqp_url, tls) as client:
         await client.decide(
             decision.turn_id,
             decision.call_id,

@@ -103,7 +103,7 @@ async def _wait_ready(
     children: Children, settings: Settings, worker_port: int, timeout: float = 60
 ) -> None:
     deadline = time.monotonic() + timeout
-    redis = redis_client(settings.redis_url, cluster=settings.redis_cluster)
+    redis = redis_client(settings.redis_url, cluster=settings.redis_cluster, tls=settings.redis_tls)
     try:
         async with aiohttp.ClientSession() as http:
             while True:
@@ -196,7 +196,7 @@ async def run_demo(
         say(f"  started a worker and the tool services {', '.join(SERVICES)} (logs in {logs})")
         await _wait_ready(children, settings, worker_port)
         say(f"\n> {question}\n")
-        async with LoopwireClient(brokers) as client:
+        async with LoopwireClient(brokers, tls=settings.amqp_tls) as client:
             if workflow:
                 result = await _run_tree(client, question, timeout)
             else:

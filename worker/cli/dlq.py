@@ -23,6 +23,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from contracts import topology as t
 from contracts.codec import DecodeError, decode_obj
 from contracts.runtime.amqp import connect
+from contracts.runtime.tls import TlsFiles
 from worker.errors import NotReplayableError
 
 H_DEAD_ID = t.H_DEAD_ID
@@ -93,8 +94,8 @@ async def _take_all(channel: AbstractChannel) -> list[AbstractIncomingMessage]:
         taken.append(message)
 
 
-async def list_dead(amqp_url: str) -> list[DeadLetter]:
-    connection = await connect(amqp_url, name="loopwire-cli")
+async def list_dead(amqp_url: str, tls: TlsFiles | None = None) -> list[DeadLetter]:
+    connection = await connect(amqp_url, name="loopwire-cli", tls=tls)
     async with connection:
         channel = await connection.channel()
         taken = await _take_all(channel)
@@ -104,7 +105,7 @@ async def list_dead(amqp_url: str) -> list[DeadLetter]:
         return described
 
 
-async def replay(amqp_url: str, wanted: str) -> DeadLetter | None:
+async def replay(amqp_url: str, wanted: str, tls: TlsFiles | None = None) -> DeadLetter | None:
     """Republish the dead letter ``wanted`` to the turn queue; ``None`` when there is no such id.
 
     A dead *step* is refused (``NotReplayableError``) and left where it is: the worker that
@@ -112,7 +113,7 @@ async def replay(amqp_url: str, wanted: str) -> DeadLetter | None:
     the step would find no turn to run and be dropped. To run that work again, publish the
     turn's request anew, with a new turn id. A dead turn request (an unknown agent, say, since
     added to the agents file) is replayed as it was."""
-    connection = await connect(amqp_url, name="loopwire-cli")
+    connection = await connect(amqp_url, name="loopwire-cli", tls=tls)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         taken = await _take_all(channel)

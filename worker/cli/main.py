@@ -13,6 +13,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from contracts.runtime.tls import TlsSettings
 
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -172,11 +176,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         # the client libraries' own log lines would duplicate our one-line errors
         logging.basicConfig(level=logging.CRITICAL)
+    from contracts.runtime.tls import TlsConfigError
+
     try:
         return _run(args)
     except CliError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return exc.code
+    except TlsConfigError as exc:  # TLS files it cannot use (unreadable, for a plain URL)
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
@@ -193,12 +202,14 @@ def _run(args: argparse.Namespace) -> int:
         # tool services are their own program (worker and tool_services never import each
         # other): this process becomes it, keeping its pid and signals
         os.execv(sys.executable, [sys.executable, "-m", "tool_services", args.name])
+    tls = _tls()
     if args.command == "turn":
         from worker.cli.turns import run_turn_command
 
         return asyncio.run(
             run_turn_command(
                 amqp_url=args.amqp_url,
+                tls=tls.amqp_tls,
                 text=args.text,
                 agent=args.agent,
                 session=args.session,
@@ -216,6 +227,7 @@ def _run(args: argparse.Namespace) -> int:
         return asyncio.run(
             run_cancel_command(
                 amqp_url=args.amqp_url,
+                tls=tls.amqp_tls,
                 turn_id=args.turn_id,
                 reason=args.reason,
                 session=args.session,
@@ -226,7 +238,12 @@ def _run(args: argparse.Namespace) -> int:
         from worker.cli.approvals import list_approvals
 
         return asyncio.run(
-            list_approvals(redis_url=args.redis_url, as_json=args.json, cluster=args.redis_cluster)
+            list_approvals(
+                redis_url=args.redis_url,
+                as_json=args.json,
+                cluster=args.redis_cluster,
+                tls=tls.redis_tls,
+            )
         )
     if args.command in ("approve", "reject"):
         from worker.cli.approvals import decide
@@ -234,6 +251,7 @@ def _run(args: argparse.Namespace) -> int:
         return asyncio.run(
             decide(
                 amqp_url=args.amqp_url,
+                tls=tls.amqp_tls,
                 turn_id=args.turn_id,
                 call_id=args.call_id,
                 verdict=args.command,
@@ -248,6 +266,7 @@ def _run(args: argparse.Namespace) -> int:
         return asyncio.run(
             run_tail_command(
                 amqp_url=args.amqp_url,
+                tls=tls.amqp_tls,
                 pattern=args.pattern,
                 as_json=args.json,
                 count=args.count,
@@ -270,9 +289,10 @@ def _dlq(args: argparse.Namespace) -> int:
     from worker.cli.dlq import list_dead, replay
     from worker.errors import CliError
 
+    tls = _tls()
     try:
         if args.dlq_command == "list":
-            dead = asyncio.run(list_dead(args.amqp_url))
+            dead = asyncio.run(list_dead(args.amqp_url, tls.amqp_tls))
             if not dead:
                 print("the dead-letter queue is empty")
             for d in dead:
@@ -280,13 +300,26 @@ def _dlq(args: argparse.Namespace) -> int:
                     f"{d.id}  {d.code:<14} turn={d.turn_id or '-'}  {d.kind}  {d.size} B  {d.reason}"
                 )
             return 0
-        found = asyncio.run(replay(args.amqp_url, args.id))
+        found = asyncio.run(replay(args.amqp_url, args.id, tls.amqp_tls))
     except OSError as exc:
         raise CliError(f"cannot reach RabbitMQ: {exc}") from None
     if found is None:
         raise CliError(f"no dead-lettered message with id {args.id!r} (see 'loopwire dlq list')")
     print(f"replayed {found.id} (turn {found.turn_id or '-'}) to the turn queue")
     return 0
+
+
+def _tls() -> TlsSettings:
+    """``LOOPWIRE_AMQP_TLS__*`` and ``LOOPWIRE_REDIS_TLS__*``, as every process reads them."""
+    from pydantic import ValidationError
+
+    from contracts.runtime.tls import TlsSettings
+    from worker.errors import CliError
+
+    try:
+        return TlsSettings()
+    except ValidationError as exc:
+        raise CliError(f"TLS settings: {exc}", 2) from None
 
 
 def _resources(args: argparse.Namespace) -> int:
@@ -299,13 +332,17 @@ def _resources(args: argparse.Namespace) -> int:
         return run_agents_command(args.agents_command, args.file, as_json=args.json)
     from worker.cli.sessions import run_result_command, run_session_command
 
+    tls = _tls()
     if args.command == "result":
         return asyncio.run(
-            run_result_command(amqp_url=args.amqp_url, turn_id=args.turn_id, as_json=args.json)
+            run_result_command(
+                amqp_url=args.amqp_url, tls=tls.amqp_tls, turn_id=args.turn_id, as_json=args.json
+            )
         )
     return asyncio.run(
         run_session_command(
             amqp_url=args.amqp_url,
+            tls=tls.amqp_tls,
             command=args.session_command,
             session_id=args.session_id,
             as_json=args.json,

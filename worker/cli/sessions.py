@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from contracts.runtime.tls import TlsFiles
 from contracts.session_client import SessionError
 from worker.cli.output import print_result, to_json
 from worker.cli.turns import connect
@@ -15,9 +16,16 @@ EXIT_NOT_FOUND = 5
 
 
 async def run_session_command(
-    *, amqp_url: str, command: str, session_id: str, as_json: bool, yes: bool, limit: int
+    *,
+    amqp_url: str,
+    tls: TlsFiles | None = None,
+    command: str,
+    session_id: str,
+    as_json: bool,
+    yes: bool,
+    limit: int,
 ) -> int:
-    async with connect(amqp_url) as client:
+    async with connect(amqp_url, tls) as client:
         try:
             if command == "show":
                 summary = await client.sessions.get(session_id)
@@ -67,8 +75,10 @@ async def run_session_command(
             ) from None
 
 
-async def run_result_command(*, amqp_url: str, turn_id: str, as_json: bool) -> int:
-    async with connect(amqp_url) as client:
+async def run_result_command(
+    *, amqp_url: str, tls: TlsFiles | None = None, turn_id: str, as_json: bool
+) -> int:
+    async with connect(amqp_url, tls) as client:
         result = await client.sessions.result(turn_id)
     if result is None:
         raise CliError(f"no result for turn {turn_id}", code=EXIT_NOT_FOUND)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from contracts.client import LoopwireClient, TurnHandle, TurnRejectedError
 from contracts.control import TurnCancel
 from contracts.runtime.amqp import AmqpUnreachableError, address
+from contracts.runtime.tls import TlsFiles
 from contracts.turns import LimitOverrides, TurnResult
 from worker.cli.output import print_event, print_result
 from worker.errors import CliError
@@ -32,6 +33,7 @@ EXIT_MAX_ITERATIONS = 4
 async def run_turn_command(
     *,
     amqp_url: str,
+    tls: TlsFiles | None = None,
     text: str,
     agent: str,
     session: str | None,
@@ -42,7 +44,7 @@ async def run_turn_command(
     deadline_s: float | None = None,
     stream: bool = False,
 ) -> int:
-    async with connect(amqp_url) as client:
+    async with connect(amqp_url, tls) as client:
         limits = LimitOverrides(max_tool_iterations=max_iterations)
         handle = await client.start_turn(
             agent,
@@ -136,11 +138,17 @@ async def _show_progress(
 
 
 async def run_tail_command(
-    *, amqp_url: str, pattern: str, as_json: bool, count: int | None, tree: str | None = None
+    *,
+    amqp_url: str,
+    tls: TlsFiles | None = None,
+    pattern: str,
+    as_json: bool,
+    count: int | None,
+    tree: str | None = None,
 ) -> int:
     """Print events as they come: those matching ``pattern``, or (``tree``) those of a turn and
     of its child turns."""
-    async with connect(amqp_url) as client:
+    async with connect(amqp_url, tls) as client:
         seen = 0
         events = client.tree(tree) if tree else client.subscribe(pattern)
         async for event in events:
@@ -152,23 +160,30 @@ async def run_tail_command(
 
 
 async def run_cancel_command(
-    *, amqp_url: str, turn_id: str, reason: str, session: str | None, by: str | None
+    *,
+    amqp_url: str,
+    tls: TlsFiles | None = None,
+    turn_id: str,
+    reason: str,
+    session: str | None,
+    by: str | None,
 ) -> int:
     """Publish a ``turn.cancel``; the turn's own publisher gets its result."""
     try:
         cancel = TurnCancel(turn_id=turn_id, session_id=session, reason=reason, by=by)
     except ValidationError as exc:
         raise CliError(f"invalid cancel: {exc.errors()[0]['msg']}", code=2) from None
-    async with connect(amqp_url) as client:
+    async with connect(amqp_url, tls) as client:
         await client.cancel(cancel.turn_id, cancel.reason, session_id=cancel.session_id, by=by)
     sys.stdout.write(f"cancel of turn {turn_id} published\n")
     return EXIT_OK
 
 
 @contextlib.asynccontextmanager
-async def connect(amqp_url: str) -> AsyncIterator[LoopwireClient]:
-    """A connected client; ``amqp_url`` may name several nodes, comma-separated."""
-    client = LoopwireClient(amqp_url)
+async def connect(amqp_url: str, tls: TlsFiles | None = None) -> AsyncIterator[LoopwireClient]:
+    """A connected client; ``amqp_url`` may name several nodes, comma-separated; ``tls``: the
+    TLS files of ``amqps://`` addresses."""
+    client = LoopwireClient(amqp_url, tls=tls)
     try:
         await asyncio.wait_for(client.connect(), 15)
     except AmqpUnreachableError as exc:  # names each address (never a password) and why
