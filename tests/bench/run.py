@@ -19,6 +19,10 @@ Scenarios (all by default, in this order):
 ``--quick`` (the CI smoke run, about a minute and a half) runs every scenario once at a small
 scale. The exit status is 1 when a turn failed or finished wrong (never for slow numbers: the
 machines are shared and noisy; compare ratios, not absolute times).
+
+The step and concurrency scenarios print the performance budget's targets next to their
+figures (``tests.bench.budget``), judged only on three rounds or more, and the run ends with a
+table of them; the JSON result carries them under ``targets``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench.load import Driver
-from tests.bench.report import machine
+from tests.bench.report import machine, targets_table
 from tests.bench.scenarios import FULL, QUICK, SCENARIOS, Context
 from tests.bench.targets import ModelServer, Shared
 from tests.bench.workload import AMQP_URL, REDIS_URL
@@ -112,6 +116,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.monotonic()
             result["scenarios"][name] = await SCENARIOS[name](ctx)
             print(f"[bench] {name} done in {time.monotonic() - t0:.0f}s", flush=True)
+        result["targets"] = [j.as_dict() for j in ctx.judged]
+        if ctx.judged:
+            ctx.tables.append(targets_table(ctx.judged))
         result["tables"] = ctx.tables
     finally:
         model.stop()
