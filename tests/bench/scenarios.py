@@ -21,6 +21,7 @@ from tests.bench.load import Driver, Window
 from tests.bench.procs import ROOT
 from tests.bench.report import median, ratio, table
 from tests.bench.targets import FloorTarget, LoopwireTarget, ModelServer, Shared, Target
+from tests.bench.tool_cost import tool
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class Plan:
     held_calls: int
     steps: int = 5
     prefetch: int = 300
+    tool_rate: float = 200
+    """Tool calls a second in the ``tool`` scenario."""
+    tool_warmup_s: float = 2
+    tool_window_s: float = 10
 
 
 FULL = Plan(
@@ -80,6 +85,8 @@ QUICK = Plan(
     hold_delay_s=40,
     scale_sessions=32,
     held_calls=200,
+    tool_warmup_s=1,
+    tool_window_s=3,
 )
 
 
@@ -662,6 +669,7 @@ async def controls(ctx: Context) -> dict[str, Any]:
 SCENARIOS = {
     "adapter": adapter,
     "rpc": rpc,
+    "tool": tool,
     "step": step_cost,
     "concurrency": concurrency,
     "scaling": scaling,
@@ -672,3 +680,5 @@ SCENARIOS = {
     "tracing": tracing,
     "streaming": streaming,
 }
+NOT_QUICK = ("tool",)
+"""Scenarios ``--quick`` leaves out unless named (``--scenario``)."""
