@@ -234,3 +234,4 @@ class Driver:
         await self.shared.delete_matching(f"lw:toolcall:{{b{self.run_id}-*")
         await self.shared.delete_matching(f"bench:floor:{{b{self.run_id}-*")
         await self.shared.delete_matching(f"bench:floorp:{{b{self.run_id}-*")
+        await self.shared.delete_matching(f"bench:toolfloor:{{b{self.run_id}-*")

@@ -13,6 +13,7 @@ from typing import Any
 import aio_pika
 from redis.asyncio import Redis
 
+from tests.bench.budget import MIN_ROUNDS, Judged
 from tests.bench.workload import AMQP_URL
 
 
@@ -78,6 +79,16 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> s
     for row in cells:
         lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
     return "\n".join(lines)
+
+
+def targets_table(judged: Sequence[Judged]) -> str:
+    """The performance budget's targets this run judged, each with its figure and verdict."""
+    return table(
+        f"Targets (DESIGN.md, performance budget; judged on medians of >= {MIN_ROUNDS} "
+        "alternated rounds, the order reversed every round)",
+        ("target", "figure", "rounds", "verdict"),
+        [(j.target, j.value, j.rounds, j.verdict) for j in judged],
+    )
 
 
 def _fmt(value: Any) -> str:

@@ -10,15 +10,22 @@ Scenarios (all by default, in this order):
 
 - ``adapter``: one model call on each ``openai`` client path vs a plain aiohttp POST;
 - ``rpc``: one tool call round trip, loopwire's ``ToolRPC`` + SDK service vs raw aio-pika;
+- ``tool``: a tool service's CPU per call at a fixed call rate, the SDK's calculator service vs
+  the tool protocol floor (``tests.bench.tool_floor``: the same idempotency bookkeeping from the
+  raw libraries only);
 - ``step``: worker CPU per step at 32 and 256 concurrent sessions: the floor, the protocol floor
   (``tests.bench.floor_protocol``: the floor making every operation the design requires) and
   loopwire;
 - ``concurrency``: 2,000 turns in flight on one worker with a model answering after 2 s;
 - ``scaling``: one worker vs two on the same load.
 
-``--quick`` (the CI smoke run, about a minute and a half) runs every scenario once at a small
-scale. The exit status is 1 when a turn failed or finished wrong (never for slow numbers: the
-machines are shared and noisy; compare ratios, not absolute times).
+``--quick`` (the CI smoke run, about a minute and a half) runs every scenario but ``tool`` once
+at a small scale. The exit status is 1 when a turn failed or finished wrong (never for slow
+numbers: the machines are shared and noisy; compare ratios, not absolute times).
+
+The step, concurrency and tool scenarios print the performance budget's targets next to their
+figures (``tests.bench.budget``), judged only on three rounds or more, and the run ends with a
+table of them; the JSON result carries them under ``targets``.
 """
 
 from __future__ import annotations
@@ -33,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench.load import Driver
-from tests.bench.report import machine
-from tests.bench.scenarios import FULL, QUICK, SCENARIOS, Context
+from tests.bench.report import machine, targets_table
+from tests.bench.scenarios import FULL, NOT_QUICK, QUICK, SCENARIOS, Context
 from tests.bench.targets import ModelServer, Shared
 from tests.bench.workload import AMQP_URL, REDIS_URL
 
@@ -69,7 +76,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = QUICK if args.quick else FULL
     if args.rounds:
         plan = type(plan)(**{**plan.__dict__, "rounds": args.rounds})
-    names = args.scenario or list(SCENARIOS)
+    names = args.scenario or [n for n in SCENARIOS if not (args.quick and n in NOT_QUICK)]
     run_id = uuid.uuid4().hex[:6]
     shared = Shared()
     try:
@@ -112,6 +119,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.monotonic()
             result["scenarios"][name] = await SCENARIOS[name](ctx)
             print(f"[bench] {name} done in {time.monotonic() - t0:.0f}s", flush=True)
+        result["targets"] = [j.as_dict() for j in ctx.judged]
+        if ctx.judged:
+            ctx.tables.append(targets_table(ctx.judged))
         result["tables"] = ctx.tables
     finally:
         model.stop()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.bench import micro
+from tests.bench import budget, micro
 from tests.bench.composed import context, events, streaming, subagent, tracing
 from tests.bench.controls_micro import unused_controls
 from tests.bench.held import VARIANTS as HELD_VARIANTS
@@ -21,6 +21,7 @@ from tests.bench.load import Driver, Window
 from tests.bench.procs import ROOT
 from tests.bench.report import median, ratio, table
 from tests.bench.targets import FloorTarget, LoopwireTarget, ModelServer, Shared, Target
+from tests.bench.tool_cost import tool
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class Plan:
     held_calls: int
     steps: int = 5
     prefetch: int = 300
+    tool_rate: float = 200
+    """Tool calls a second in the ``tool`` scenario."""
+    tool_warmup_s: float = 2
+    tool_window_s: float = 10
 
 
 FULL = Plan(
@@ -58,7 +63,7 @@ FULL = Plan(
     conc_delay_s=2.0,
     conc_warmup_s=8,
     conc_window_s=20,
-    conc_rounds=2,
+    conc_rounds=3,
     hold_delay_s=100,
     scale_sessions=256,
     held_calls=1000,
@@ -80,6 +85,8 @@ QUICK = Plan(
     hold_delay_s=40,
     scale_sessions=32,
     held_calls=200,
+    tool_warmup_s=1,
+    tool_window_s=3,
 )
 
 
@@ -94,6 +101,8 @@ class Context:
     source: Path | None = None
     agents_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lw-bench-")))
     tables: list[str] = field(default_factory=list)
+    judged: list[budget.Judged] = field(default_factory=list)
+    """The performance budget's targets, judged on this run's figures."""
 
     def targets(
         self, *, prefetch: int, extra_env: dict[str, str] | None = None
@@ -315,9 +324,18 @@ async def step_cost(ctx: Context) -> dict[str, Any]:
                         )
                         windows[target.name].append(window)
                 summary = _summarize(windows)
+                judged = budget.ratio_target(
+                    f"loopwire <= {budget.STEP_VS_PROTOCOL:g}x protocol floor, worker CPU per "
+                    f"step, {sessions} sessions",
+                    [w.cpu_ms_per_step for w in windows["loopwire"]],
+                    [w.cpu_ms_per_step for w in windows["protocol"]],
+                    budget.STEP_VS_PROTOCOL,
+                )
+                ctx.judged.append(judged)
                 out[f"sessions_{sessions}"] = {
                     "rounds": {k: [w.as_dict() for w in v] for k, v in windows.items()},
                     "median": summary,
+                    "target": judged.as_dict(),
                 }
                 ratios = summary["ratio"]
                 for name in ("floor", "protocol", "loopwire"):
@@ -336,15 +354,28 @@ async def step_cost(ctx: Context) -> dict[str, Any]:
                             s["steps_per_s"],
                             s["outside_model_p50_ms"],
                             s["outside_model_p99_ms"],
+                            judged.cell if name == "loopwire" else "-",
                         )
                     )
         finally:
             protocol.stop()
+    for sessions in STEP_TARGET_SESSIONS:
+        if sessions not in plan.step_sessions:
+            ctx.judged.append(
+                budget.ceiling_target(
+                    f"loopwire <= {budget.STEP_VS_PROTOCOL:g}x protocol floor, worker CPU per "
+                    f"step, {sessions} sessions",
+                    [],
+                    budget.STEP_VS_PROTOCOL,
+                    unmet=f"{sessions} sessions not run",
+                )
+            )
     ctx.tables.append(
         table(
             f"Worker CPU per step ({plan.steps} steps/turn, 40-message history, 1 tool call/step;"
-            " target loopwire <= 1.5x floor; protocol: the floor making every operation the"
-            " design requires, model through the openai client)",
+            f" target loopwire <= {budget.STEP_VS_PROTOCOL:g}x protocol floor, judged on medians"
+            f" of >= {budget.MIN_ROUNDS} alternated rounds; protocol: the floor making every"
+            " operation the design requires, model through the openai client)",
             (
                 "sessions",
                 "system",
@@ -354,11 +385,16 @@ async def step_cost(ctx: Context) -> dict[str, Any]:
                 "steps/s",
                 "out p50 ms",
                 "out p99 ms",
+                "target",
             ),
             rows,
         )
     )
     return out
+
+
+STEP_TARGET_SESSIONS = (32, 256)
+"""The session counts the step target is set at."""
 
 
 async def concurrency(ctx: Context) -> dict[str, Any]:
@@ -414,7 +450,7 @@ async def concurrency(ctx: Context) -> dict[str, Any]:
                 await restart(target)
                 await ctx.model.configure(delay=plan.hold_delay_s)
     summary = _summarize(windows)
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for name in ("floor", "loopwire"):
         s = summary[name]
         s["kb_per_turn_waiting"] = median([m["kb_per_turn"] for m in memory[name]])
@@ -433,12 +469,31 @@ async def concurrency(ctx: Context) -> dict[str, Any]:
     summary["ratio"]["kb_per_turn"] = ratio(
         summary["loopwire"]["kb_per_turn_waiting"], summary["floor"]["kb_per_turn_waiting"]
     )
+    at = budget.KB_PER_TURN_AT
+    judged = budget.ceiling_target(
+        f"loopwire memory per turn in flight <= {budget.KB_PER_TURN:g} KB at {at:,} turns",
+        [m["kb_per_turn"] for m in memory["loopwire"]],
+        budget.KB_PER_TURN,
+        unmet="" if sessions == at else f"{sessions:,} turns in flight, not {at:,}",
+    )
+    ctx.judged.append(judged)
+    rows = [(*row, judged.cell if row[0] == "loopwire" else "-") for row in rows]
     ctx.tables.append(
         table(
             f"Concurrency: {sessions} turns in flight on one worker; throughput with the model "
             f"answering after {plan.conc_delay_s:g}s, memory with all turns waiting for it "
-            "(target <= 50 KB/turn)",
-            ("system", "steps/s", "out p50 ms", "out p99 ms", "cpu ms/step", "KB/turn", "waiting"),
+            f"(target <= {budget.KB_PER_TURN:g} KB/turn at {at:,} turns, judged on the median of "
+            f">= {budget.MIN_ROUNDS} alternated rounds)",
+            (
+                "system",
+                "steps/s",
+                "out p50 ms",
+                "out p99 ms",
+                "cpu ms/step",
+                "KB/turn",
+                "waiting",
+                "target",
+            ),
             rows,
         )
     )
@@ -446,6 +501,7 @@ async def concurrency(ctx: Context) -> dict[str, Any]:
         "rounds": {k: [w.as_dict() for w in v] for k, v in windows.items()},
         "memory": memory,
         "median": summary,
+        "target": judged.as_dict(),
     }
 
 
@@ -613,6 +669,7 @@ async def controls(ctx: Context) -> dict[str, Any]:
 SCENARIOS = {
     "adapter": adapter,
     "rpc": rpc,
+    "tool": tool,
     "step": step_cost,
     "concurrency": concurrency,
     "scaling": scaling,
@@ -623,3 +680,5 @@ SCENARIOS = {
     "tracing": tracing,
     "streaming": streaming,
 }
+NOT_QUICK = ("tool",)
+"""Scenarios ``--quick`` leaves out unless named (``--scenario``)."""
