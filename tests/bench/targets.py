@@ -4,6 +4,7 @@ and the driver's own connections."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,7 @@ from typing import Any
 import aio_pika
 import aiohttp
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aio_pika.exceptions import ChannelClosed
 
 from contracts import keys
 from contracts import topology as t
@@ -168,6 +170,19 @@ class Shared:
         ):
             queue = await self.channel.get_queue(name, ensure=False)
             await queue.purge()
+        # a parked turn's timeout waits in a delay queue and would come back in a later
+        # scenario (for an agent that scenario does not run): emptied too, where it exists
+        assert self.connection is not None
+        for seconds in t.WAIT_BUCKETS_S:
+            probe = await self.connection.channel()
+            try:
+                waiting = await probe.declare_queue(t.wait_queue(seconds), passive=True)
+                await waiting.purge()
+            except ChannelClosed:
+                pass  # no worker declared it yet
+            finally:
+                with contextlib.suppress(Exception):
+                    await probe.close()
 
     async def delete_matching(self, pattern: str) -> int:
         removed = 0
