@@ -11,11 +11,9 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.messages import Usage
-from contracts.runtime.secrets import with_secret_files
-from contracts.runtime.tls import TlsFiles
+from contracts.runtime.connection import ConnectionSettings
 
 
 class ModelSettings(BaseModel):
@@ -93,50 +91,7 @@ class MemorySettings(BaseModel):
     )
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="LOOPWIRE_", env_nested_delimiter="__", extra="ignore"
-    )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """``LOOPWIRE_<NAME>_FILE`` reads a setting from a file (``contracts.runtime.secrets``)."""
-        return with_secret_files(
-            settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
-        )
-
-    amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL.")
-    amqp_urls: str = Field(
-        default="",
-        description="RabbitMQ URLs, comma-separated, one per cluster node (failover); "
-        "when set, used instead of amqp_url.",
-    )
-    redis_url: str = Field(
-        default="redis://127.0.0.1:6379/0",
-        description="Redis URL; redis+cluster://host1:port,host2:port/ names a Redis Cluster by "
-        "its seed nodes.",
-    )
-    redis_cluster: bool = Field(
-        default=False,
-        description="Talk to redis_url as a Redis Cluster (implied by a redis+cluster:// URL).",
-    )
-    amqp_tls: TlsFiles = Field(
-        default=TlsFiles(),
-        description="CA file, client certificate and key for amqps:// addresses "
-        "(LOOPWIRE_AMQP_TLS__CA_FILE, __CERT_FILE, __KEY_FILE); see docs/operations.md.",
-    )
-    redis_tls: TlsFiles = Field(
-        default=TlsFiles(),
-        description="CA file, client certificate and key for a rediss:// URL "
-        "(LOOPWIRE_REDIS_TLS__CA_FILE, __CERT_FILE, __KEY_FILE).",
-    )
+class Settings(ConnectionSettings):
     reconnect_interval_s: float = Field(
         default=1.0, gt=0, le=60, description="Delay between AMQP reconnects."
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 SUFFIX = "_FILE"
 
@@ -100,3 +100,25 @@ def with_secret_files(
         dotenv_settings,
         file_secret_settings,
     )
+
+
+class LoopwireSettings(BaseSettings):
+    """The settings of a loopwire process: ``LOOPWIRE_`` variables, nested with ``__``, each
+    readable from a file (``LOOPWIRE_<NAME>_FILE``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LOOPWIRE_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return with_secret_files(
+            settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+        )

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Self, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from contracts.runtime.secrets import with_secret_files
+from contracts.runtime.secrets import LoopwireSettings
 
 
 class TlsConfigError(ValueError):
@@ -67,26 +67,11 @@ class TlsFiles(BaseModel):
         return any(f is not None for f in (self.ca_file, self.cert_file, self.key_file))
 
 
-class TlsSettings(BaseSettings):
+class TlsSettings(LoopwireSettings):
     """``LOOPWIRE_AMQP_TLS__*`` and ``LOOPWIRE_REDIS_TLS__*`` alone, for a process without a
     settings class that holds them (the CLI, the memory service's event connection)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="LOOPWIRE_", env_nested_delimiter="__", extra="ignore", frozen=True
-    )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return with_secret_files(
-            settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
-        )
+    model_config = SettingsConfigDict(frozen=True)
 
     amqp_tls: TlsFiles = TlsFiles()
     redis_tls: TlsFiles = TlsFiles()
