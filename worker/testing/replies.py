@@ -3,7 +3,10 @@ request (what the last message says, roughly how many tokens it has)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -167,3 +170,17 @@ def last_user_content(body: dict[str, Any]) -> str:
 def echo_responder(body: dict[str, Any]) -> Reply:
     """Answer every request with ``echo: <last user message content>``."""
     return Reply.text(f"echo: {last_user_content(body)}")
+
+
+EMBEDDING_DIMENSIONS = 64
+
+
+def embedding_of(text: str) -> list[float]:
+    """A unit vector of the text's words, each hashed into one of 64 dimensions: texts that
+    share words point the same way. Deterministic: every server gives the same vector."""
+    vector = [0.0] * EMBEDDING_DIMENSIONS
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        digest = hashlib.sha256(word.encode()).digest()
+        vector[digest[0] % EMBEDDING_DIMENSIONS] += 1.0 if digest[1] % 2 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]

@@ -17,12 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import inspect
 import itertools
 import json
-import math
-import re
 import signal
 import time
 from collections import deque
@@ -36,6 +33,7 @@ from worker.testing.replies import (
     Reply,
     Responder,
     echo_responder,
+    embedding_of,
     estimate_prompt_tokens,
     summarize,
 )
@@ -66,20 +64,6 @@ def _error_response(
         content_type="application/json",
         headers=headers,
     )
-
-
-EMBEDDING_DIMENSIONS = 64
-
-
-def embedding_of(text: str) -> list[float]:
-    """A unit vector of the text's words, each hashed into one of 64 dimensions: texts that
-    share words point the same way. Deterministic: every server gives the same vector."""
-    vector = [0.0] * EMBEDDING_DIMENSIONS
-    for word in re.findall(r"[a-z0-9]+", text.lower()):
-        digest = hashlib.sha256(word.encode()).digest()
-        vector[digest[0] % EMBEDDING_DIMENSIONS] += 1.0 if digest[1] % 2 else -1.0
-    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
-    return [v / norm for v in vector]
 
 
 class ScriptedModel:
