@@ -55,7 +55,7 @@ from worker.loop.output import check_schema
 from worker.loop.ports import LoopObserver
 from worker.loop.turn import turn_of
 from worker.session.leases import LeaseKeeper
-from worker.session.port import SessionStore, StepSession
+from worker.session.port import Opening, SessionStore, StepSession
 from worker.session.records import SessionRecords
 from worker.tracing import Tracing
 
@@ -144,7 +144,8 @@ class SessionSequencer(Controls, Erasure):
     async def on_step(self, work: StepWork, *, redone: bool = False) -> list[Action]:
         """Run one step of ``work``'s turn; ``redone``: its message was taken before (a
         streamed answer's first delta says ``restarted``)."""
-        session = await self.store.take(work.session_id, work.turn_id)
+        first = work.step == 0 and work.wait_until is None
+        session = await self.store.take(work.session_id, work.turn_id, first=first)
         if session is None:
             return [Busy()]
         task = asyncio.current_task()
@@ -224,13 +225,18 @@ class SessionSequencer(Controls, Erasure):
         state = session.take_state()
         ex = state.execution if state else None
         cancel = session.cancel
-        if cancel is not None and await self._runs(ex, work):
+        opening = session.opening
+        if cancel is not None and await self._runs(ex, work, opening):
             return await self._end_cancelled(session, state, work, cancel)
         if ex is None:
-            head = await self.store.head(work.session_id)
+            head = opening.head if opening else await self.store.head(work.session_id)
             if head != work.turn_id or work.step != 0:
                 return await self._already_done(work, head)
-            request = await self.store.request(work.session_id, work.turn_id)
+            request = (
+                opening.request
+                if opening
+                else await self.store.request(work.session_id, work.turn_id)
+            )
             if request is None:
                 return [Drop(f"turn {work.turn_id} has no stored request", "missing_request")]
             # not saved here: the turn's first save (its input) writes it
@@ -278,11 +284,14 @@ class SessionSequencer(Controls, Erasure):
             actions.append(Step(work.model_copy(update={"wait_until": None})))
         return actions
 
-    async def _runs(self, ex: ExecutionState | None, work: StepWork) -> bool:
+    async def _runs(
+        self, ex: ExecutionState | None, work: StepWork, opening: Opening | None
+    ) -> bool:
         """Whether ``work``'s turn is the session's running one (its head, started or not)."""
         if ex is not None:
             return ex.turn_id == work.turn_id
-        return await self.store.head(work.session_id) == work.turn_id
+        head = opening.head if opening else await self.store.head(work.session_id)
+        return head == work.turn_id
 
     async def fail_turn(self, work: StepWork, code: str, reason: str) -> list[Action]:
         """End the turn of a step that can never succeed (``finish_reason: error``) through the

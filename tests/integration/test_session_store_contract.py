@@ -313,3 +313,35 @@ async def test_an_agents_spend_is_summed_per_day(store: SessionStore, uid: str) 
         if isinstance(store, RedisStore):
             async for key in store.redis.scan_iter(match=f"lw:spend:agent-{uid}:*"):
                 await store.redis.delete(key)
+
+
+async def test_a_turns_first_step_reads_the_queue_head_and_its_request_with_the_lease(
+    store: SessionStore, uid: str
+) -> None:
+    first, second = turn(uid, 1), turn(uid, 2)
+    await store.accept(first)
+    await store.accept(second)
+    plain = await store.take(first.session_id, first.turn_id)
+    assert plain is not None and plain.opening is None  # only asked for a first step
+    await store.release(plain)
+    session = await store.take(first.session_id, first.turn_id, first=True)
+    assert session is not None and session.opening is not None
+    assert session.opening.head == first.turn_id
+    assert session.opening.request == first
+    await finish(session, first)
+    # the second turn is the head now; a turn never accepted has no request
+    session = await store.take(second.session_id, f"t-{uid}-never", first=True)
+    assert session is not None and session.opening is not None
+    assert session.opening.head == second.turn_id and session.opening.request is None
+    await store.release(session)
+    await finish_head(store, second)
+    empty = await store.take(second.session_id, second.turn_id, first=True)
+    assert empty is not None and empty.opening is not None
+    assert empty.opening.head is None and empty.opening.request is None  # it ended
+    await store.release(empty)
+
+
+async def finish_head(store: SessionStore, request: TurnRequest) -> None:
+    session = await store.take(request.session_id, request.turn_id)
+    assert session is not None
+    await finish(session, request)

@@ -62,10 +62,12 @@ class FlakyStore(MemoryStore):
         super().__init__()
         self.take_error: BaseException | None = None
 
-    async def take(self, session_id: str, turn_id: str = "") -> MemorySession | None:
+    async def take(
+        self, session_id: str, turn_id: str = "", *, first: bool = False
+    ) -> MemorySession | None:
         if self.take_error is not None:
             raise self.take_error
-        return await super().take(session_id, turn_id)
+        return await super().take(session_id, turn_id, first=first)
 
 
 async def lookup(args: dict[str, Any], ctx: ToolContext) -> Any:

@@ -23,6 +23,7 @@ from worker.errors import StaleStateError
 from worker.loop.transcript import StoredMessages
 
 if TYPE_CHECKING:
+    from worker.session.port import Opening
     from worker.session.store import RedisStore
 
 
@@ -62,6 +63,7 @@ class SessionHandle:
         "controls_waiting",
         "decisions",
         "next_turn",
+        "opening",
         "parked",
         "released",
         "replies",
@@ -95,6 +97,7 @@ class SessionHandle:
         self.children: dict[str, TurnChildResult] = {}
         self.parked: int | None = None
         self.controls_waiting = False
+        self.opening: Opening | None = None
 
     def read_controls(self, flat: Sequence[bytes | str]) -> None:
         """The turn's controls hash as the lease script read it (field, value, …)."""

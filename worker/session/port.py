@@ -49,6 +49,15 @@ RENEWALS: tuple[Renewal, ...] = ("lost", "held", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
+class Opening:
+    """What a turn's first step reads with the lease (``take(..., first=True)``): the session's
+    queue head, and the turn's stored request (``None`` when none is stored)."""
+
+    head: str | None
+    request: TurnRequest | None
+
+
+@dataclass(frozen=True, slots=True)
 class Accepted:
     """What ``accept`` found: ``start`` (run it now), ``queued`` (behind others),
     ``pending`` (a duplicate of a turn not finished), ``done`` (a duplicate; ``result``)."""
@@ -84,6 +93,8 @@ class StepSession(StateStore, Protocol):
     """After a save with a result: the session's next queued turn, if any."""
     replies: tuple[str, ...]
     """After a save with a result: every reply queue the turn's copies named, first first."""
+    opening: Opening | None
+    """Read with the lease when ``take`` was asked for a turn's first step, else ``None``."""
 
     def take_state(self) -> AgentState | None:
         """The state read with the lease (``None`` for a new session), handed out once."""
@@ -95,9 +106,12 @@ class SessionStore(Protocol):
 
     async def accept(self, request: TurnRequest) -> Accepted: ...
 
-    async def take(self, session_id: str, turn_id: str = "") -> StepSession | None:
+    async def take(
+        self, session_id: str, turn_id: str = "", *, first: bool = False
+    ) -> StepSession | None:
         """Take the session's lease with its state and ``turn_id``'s cancel, if any; ``None``
-        when another worker holds it."""
+        when another worker holds it. ``first``: for the turn's first step, the session's
+        ``opening`` (queue head, the turn's request) comes in the same read."""
         ...
 
     async def renew(self, session: StepSession) -> Renewal:

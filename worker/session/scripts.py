@@ -6,15 +6,23 @@ from __future__ import annotations
 
 from typing import Final
 
-# KEYS: lease fence state history controls(of the step's turn) ; ARGV: lease_ttl_ms, session_ttl_s
+# KEYS: lease fence state history controls(of the step's turn) queue requests
+# ARGV: lease_ttl_ms, session_ttl_s, turn_id ('' : not a turn's first step)
+# -> {0} (held elsewhere) or {token, version, state, history, controls[, head, request]}: a
+#    turn's first step also gets the session's queue head and the turn's stored request
 BEGIN: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
 local token = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
 local state = redis.call('HMGET', KEYS[3], 'v', 's')
-return {token, state[1] or false, state[2] or false,
-        table.concat(redis.call('LRANGE', KEYS[4], 0, -1)), redis.call('HGETALL', KEYS[5])}
+local reply = {token, state[1] or false, state[2] or false,
+               table.concat(redis.call('LRANGE', KEYS[4], 0, -1)), redis.call('HGETALL', KEYS[5])}
+if ARGV[3] ~= '' then
+  reply[6] = redis.call('LINDEX', KEYS[6], 0) or ''
+  reply[7] = redis.call('HGET', KEYS[7], ARGV[3]) or ''
+end
+return reply
 """
 
 # KEYS: lease controls ; ARGV: token, ttl_ms -> 0 lost, 1 held, 2 held and the turn is cancelled

@@ -58,6 +58,7 @@ from worker.session.port import (
     RENEWALS,
     Accepted,
     EndQueued,
+    Opening,
     Recorded,
     Renewal,
     StepSession,
@@ -227,9 +228,12 @@ class RedisStore:
         found = tuple(_bytes(replies[0]).decode().split()) if replies else ()
         return _bytes(status).decode(), found  # type: ignore[return-value]
 
-    async def take(self, session_id: str, turn_id: str = "") -> SessionHandle | None:
+    async def take(
+        self, session_id: str, turn_id: str = "", *, first: bool = False
+    ) -> SessionHandle | None:
         """Take the session's lease and load its state and history, and whether ``turn_id``
-        was cancelled; ``None`` when another worker holds it."""
+        was cancelled; ``None`` when another worker holds it. ``first`` (a turn's first
+        step): the queue head and the turn's request come in the same script."""
         with self.timed("lease"):
             reply = await self._begin(
                 keys=[
@@ -238,8 +242,10 @@ class RedisStore:
                     keys.session_state(session_id),
                     keys.session_history(session_id),
                     keys.turn_controls(session_id, turn_id or "_"),
+                    keys.session_queue(session_id),
+                    keys.session_requests(session_id),
                 ],
-                args=[self.lease_ms, self.ttl_s],
+                args=[self.lease_ms, self.ttl_s, turn_id if first else ""],
             )
         if not reply[0]:
             return None
@@ -254,6 +260,11 @@ class RedisStore:
         handle.turn_id = turn_id
         if reply[4]:
             handle.read_controls(reply[4])
+        if len(reply) > 5:
+            head, request = _bytes(reply[5]).decode(), _bytes(reply[6])
+            handle.opening = Opening(
+                head or None, decode(request, TurnRequest) if request else None
+            )
         return handle
 
     async def renew(self, session: StepSession) -> Renewal:

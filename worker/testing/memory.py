@@ -22,7 +22,14 @@ from contracts.state import AgentState, Spend
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
-from worker.session.port import Accepted, EndQueued, Recorded, Renewal, StepSession
+from worker.session.port import (
+    Accepted,
+    EndQueued,
+    Opening,
+    Recorded,
+    Renewal,
+    StepSession,
+)
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 
@@ -88,7 +95,9 @@ class MemoryStore:
             return Accepted("start", accepted_at=now)
         return Accepted("queued", ahead=len(queue) - 1, accepted_at=now)
 
-    async def take(self, session_id: str, turn_id: str = "") -> MemorySession | None:
+    async def take(
+        self, session_id: str, turn_id: str = "", *, first: bool = False
+    ) -> MemorySession | None:
         held = self.leases.get(session_id)
         if held is not None and held[1] > self.clock():
             return None
@@ -106,6 +115,10 @@ class MemoryStore:
                 session.children[field[6:]] = value
             elif isinstance(value, int):
                 session.parked = value
+        if first:
+            queue = self.queues.get(session_id)
+            request = self.requests.get(session_id, {}).get(turn_id)
+            session.opening = Opening(queue[0] if queue else None, request)
         return session
 
     async def renew(self, session: StepSession) -> Renewal:
@@ -267,6 +280,7 @@ class MemorySession:
         self.released = False
         self.next_turn: str | None = None
         self.replies: tuple[str, ...] = ()
+        self.opening: Opening | None = None
 
     def take_state(self) -> AgentState | None:
         state, self._state = self._state, None
