@@ -67,3 +67,33 @@ async def test_model_events_when_enabled_and_state_for_tools() -> None:
     assert (first.step, first.data.messages) == (0, 2)  # type: ignore[union-attr]
     answered = [e for e in loud.events.events if e.type == "model.responded"]
     assert [e.data.finish_reason for e in answered] == ["tool_calls", "tool_calls", "stop"]  # type: ignore[union-attr]
+
+
+async def test_the_loop_builds_no_event_the_worker_does_not_publish() -> None:
+    """The loop itself skips the types left out (before building them), so a turn whose worker
+    publishes only turn.completed hands its sink nothing else; with every type left out the
+    sink sees nothing at all, and the turn still ends."""
+
+    async def keep(args: dict[str, Any], ctx: ToolContext) -> Any:
+        return {"kept": args["x"]}
+
+    def run(announced: frozenset[str]) -> Any:
+        asked = iter([calls_tool("keep", x=1), says("done")])
+        return world(
+            {"agents": [{"name": "a"}]},
+            {"a": lambda r: next(asked)},
+            tools={"keep": keep},
+            announced=announced,
+        )
+
+    some = run(frozenset({"turn.completed"}))
+    first = request("a", "go")
+    await some.run(first)
+    assert some.result(first.turn_id).content == "done"
+    loop_types = set(some.events.types()) - {"turn.accepted"}  # the sequencer's, not the loop's
+    assert loop_types == {"turn.completed"}
+    none = run(frozenset())
+    second = request("a", "go")
+    await none.run(second)
+    assert none.result(second.turn_id).content == "done"
+    assert set(none.events.types()) <= {"turn.accepted", "turn.completed"}

@@ -40,6 +40,7 @@ class Gates:
 
     __slots__ = ()
 
+    announced: frozenset[str]
     clock: Callable[[], float]
     events: EventSink
     hooks: Hook
@@ -255,7 +256,8 @@ class Gates:
         """``tool.invoked`` for results the step's save stored, then ``step.completed``."""
         for execution in invoked:
             await self.tools.emit_invoked(state, record.step.index, execution)
-        await announce_step(self.events, record.completed_at, state, record)
+        if "step.completed" in self.announced:
+            await announce_step(self.events, record.completed_at, state, record)
 
     async def _emit(
         self,
@@ -269,7 +271,10 @@ class Gates:
         id_suffix: str = "",
     ) -> None:
         """Announce an event; ``at``: the time of the saved record it announces (so that one
-        published again after a redelivery is the same event), else now."""
+        published again after a redelivery is the same event), else now. A type the worker
+        does not publish (``LOOPWIRE_EVENTS``) is not built at all."""
+        if event_type not in self.announced:
+            return
         now = self.clock() if at is None else at
         await announce(
             self.events,
