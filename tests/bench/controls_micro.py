@@ -71,11 +71,11 @@ async def _script_us(redis: Redis, script: str, n: int, controls: bool) -> float
     await redis.hset(keys.session_state(session), mapping={"v": 3, "s": b"x" * 3000})
     await redis.rpush(keys.session_history(session), *([b"m" * 500] * 40))
     try:
-        await run(keys=names, args=[15000, 3600])  # loaded
+        await run(keys=names, args=[15000, 3600, ""])  # loaded
         started = time.process_time()
         for _ in range(n):
             await redis.delete(names[0])
-            await run(keys=names, args=[15000, 3600])
+            await run(keys=names, args=[15000, 3600, ""])
         return (time.process_time() - started) / n * 1e6
     finally:
         await redis.delete(*names)

@@ -10,8 +10,8 @@ queues the turn in its session, ``turn.accepted`` is published, then step 0 (and
 message is acked). Per step, on top of the floor's consume, model call and ack:
 
 - a script takes the session lease (a fencing token from a counter) and reads the state and the
-  session history (a list of msgpack messages); step 0 also reads the session's queue head and
-  the turn's request and saves the turn's input (``turn.started``);
+  session history (a list of msgpack messages), and at step 0 the session's queue head and the
+  turn's request too; step 0 saves the turn's input (``turn.started``);
 - the model's answer is saved (compare-and-set fenced by the lease, beside the state) before
   the tool runs; the step's save appends its two messages to the history and lets go of the
   lease; the last one also stores the result and dequeues the turn;
@@ -31,14 +31,21 @@ loop and ``json``), so that the ratio to the floor counts the protocol's operati
 slower runtime. Left out: lease renewal, metrics, hooks, and the checks on messages from
 outside.
 
+The tool calls go to the tool protocol floor (``tests.bench.tool_floor``) on the protocol
+floor's own queue: a raw responder making the idempotency bookkeeping a loopwire tool service
+makes (claim, run, store, reply), so that the machine the protocol floor's worker shares carries
+the same tool-side work as loopwire's (the calculator service's), not a responder that only
+replies.
+
 Run: ``python -m tests.bench.floor_protocol worker --model-url URL [--prefetch N]`` and
-``python -m tests.bench.floor_protocol tool`` (the raw tool responder on its own queue).
+``python -m tests.bench.floor_protocol tool`` (the tool protocol floor on its own queue).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -83,13 +90,19 @@ for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
 if ahead == 0 then return 'start' end
 return 'queued'
 """
-# KEYS: lease, fence, state, history ; ARGV: lease ms, ttl
+# KEYS: lease, fence, state, history, queue, requests ; ARGV: lease ms, ttl, turn ('' unless
+# step 0: then the queue head and the turn's request come too)
 _LEASE = """
 local token = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 if not redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[1]) then return {0, false, false, {}} end
 local s = redis.call('HMGET', KEYS[3], 'v', 's')
-return {token, s[1], s[2], redis.call('LRANGE', KEYS[4], 0, -1)}
+local reply = {token, s[1], s[2], redis.call('LRANGE', KEYS[4], 0, -1)}
+if ARGV[3] ~= '' then
+  reply[5] = redis.call('LINDEX', KEYS[5], 0) or ''
+  reply[6] = redis.call('HGET', KEYS[6], ARGV[3]) or ''
+end
+return reply
 """
 # KEYS: lease, state, history, turns, queue, result ; ARGV: token, expected version, state,
 # answer ('' = none), release (1/0), ttl, turn, result ('' = none), messages to append...
@@ -310,9 +323,10 @@ class ProtocolFloorWorker:
     async def on_step(self, work: dict[str, Any]) -> None:
         started = time.monotonic()
         session, turn, step, steps = work["s"], work["t"], work["k"], work["n"]
-        keys = {p: state_key(session, p) for p in ("lease", "fence", "state", "history")}
-        token, version, blob, history = await self.lease(
-            keys=list(keys.values()), args=[LEASE_MS, KEY_TTL_S]
+        parts = ("lease", "fence", "state", "history", "queue", "requests")
+        keys = {p: state_key(session, p) for p in parts}
+        token, version, blob, history, *opening = await self.lease(
+            keys=list(keys.values()), args=[LEASE_MS, KEY_TTL_S, turn if step == 0 else ""]
         )
         if not token:
             raise RuntimeError(f"the lease of {session} is held")
@@ -349,9 +363,8 @@ class ProtocolFloorWorker:
             return saved
 
         if step == 0:
-            head = await self.redis.lindex(state_key(session, "queue"), 0)
-            request = await self.redis.hget(state_key(session, "requests"), turn)
-            if head != turn.encode() or request is None:
+            head, request = opening
+            if head != turn.encode() or not request:
                 raise RuntimeError(f"turn {turn} is not its session's head")
             user = {"role": "user", "content": msgpack.unpackb(request)["input"]}
             state["turn"] = turn
@@ -378,10 +391,22 @@ class ProtocolFloorWorker:
         name = call["function"]["name"]
         await self.event("tool.invoking", work, {"tool": name, "call_id": call["id"]}, call["id"])
         called = time.monotonic()
-        reply = await self.rpc.call_confirmed(
-            msgpack.packb({"id": call["id"], "name": name, "args": call["function"]["arguments"]}),
-            f"{turn}:{call['id']}",
-        )
+        key = f"{turn}:{call['id']}"
+        request = {
+            "schema_version": 1,
+            "call_id": call["id"],
+            "tool": name,
+            "arguments": orjson.loads(call["function"]["arguments"]),
+            "context": {
+                "session_id": session,
+                "turn_id": turn,
+                "agent": "bench",
+                "metadata": {},
+                "deadline": time.time() + 30,
+                "idempotency_key": key,
+            },
+        }
+        reply = await self.rpc.call_confirmed(msgpack.packb(request), key)
         await self.event(
             "tool.invoked",
             work,
@@ -428,6 +453,12 @@ class ProtocolFloorWorker:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["tool"]:
+        # the tool protocol floor: the idempotency bookkeeping a loopwire tool service makes
+        from tests.bench import tool_floor
+
+        tool_floor.main(queue=TOOL_QUEUE)
+        return
     serve(
         ProtocolFloorWorker,
         TOOL_QUEUE,

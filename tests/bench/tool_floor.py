@@ -111,9 +111,12 @@ def reply(
 
 
 class ToolFloor:
-    def __init__(self) -> None:
+    def __init__(self, queue: str | None = None) -> None:
         self.owner = f"toolfloor-{os.getpid()}"
         self.tokens = itertools.count()
+        self.queue = queue
+        """A queue of its own on the default exchange (the protocol floor's), instead of the
+        calculator's."""
 
     async def run(self, stop: asyncio.Event) -> None:
         redis = await ready(
@@ -131,8 +134,13 @@ class ToolFloor:
             exchange = await channel.declare_exchange(
                 TOOLS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
             )
-            queue = await channel.declare_queue(tool_queue(TOOL), durable=True, arguments=QUORUM)
-            await queue.bind(exchange, routing_key=TOOL)
+            if self.queue is None:
+                queue = await channel.declare_queue(
+                    tool_queue(TOOL), durable=True, arguments=QUORUM
+                )
+                await queue.bind(exchange, routing_key=TOOL)
+            else:
+                queue = await channel.declare_queue(self.queue, durable=True, arguments=QUORUM)
             await queue.consume(self.on_call)
             print("ready", flush=True)
             await stop.wait()
@@ -186,13 +194,13 @@ class ToolFloor:
         return bytes(earlier) if earlier else body
 
 
-def main() -> None:
+def main(queue: str | None = None) -> None:
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await ToolFloor().run(stop)
+        await ToolFloor(queue).run(stop)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())
