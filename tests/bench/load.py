@@ -39,6 +39,12 @@ class Window:
     health: dict[str, int] = field(default_factory=dict)
     finals: int = 0
     """Of ``steps``, the model calls answered with text (a sub-agent's)."""
+    worker_sys_cpu_s: float = 0.0
+    """Of ``worker_cpu_s``, the kernel's (system calls: mostly socket reads and writes)."""
+    worker_syscalls: int = 0
+    """The workers' read and write system calls over the window (``/proc/<pid>/io``: what
+    uvloop's sockets make; the standard loop's ``send``/``recv`` are not counted there, so the
+    floor shows none)."""
 
     @property
     def cpu_ms_per_step(self) -> float:
@@ -58,6 +64,12 @@ class Window:
             "steps_per_s": round(self.steps_per_s, 1),
             "worker_cpu_s": round(self.worker_cpu_s, 3),
             "worker_cpu_ms_per_step": round(self.cpu_ms_per_step, 4),
+            "worker_sys_cpu_ms_per_step": (
+                round(1000 * self.worker_sys_cpu_s / self.steps, 4) if self.steps else None
+            ),
+            "worker_syscalls_per_step": (
+                round(self.worker_syscalls / self.steps, 2) if self.steps else None
+            ),
             "other_cpu_ms_per_step": {
                 k: round(1000 * v / self.steps, 4) if self.steps else None
                 for k, v in self.other_cpu_s.items()
@@ -149,6 +161,7 @@ class Driver:
         before = await self.model.stats(reset=True)
         others = [*target.helpers, self.model.proc]
         cpu0 = {p.name: p.cpu() for p in [*target.workers, *others]}
+        kernel0 = [w.kernel() for w in target.workers]
         t0 = time.monotonic()
         peak = 0
         while time.monotonic() - t0 < window_s:
@@ -157,6 +170,7 @@ class Driver:
         elapsed = time.monotonic() - t0
         after = await self.model.stats()
         cpu1 = {p.name: p.cpu() for p in [*target.workers, *others]}
+        kernel1 = [w.kernel() for w in target.workers]
         self.feeding = False
         window = Window(
             target=target.name,
@@ -171,6 +185,8 @@ class Driver:
             rss_idle=rss0,
             rss_peak=peak,
             health=target.health(),
+            worker_sys_cpu_s=sum(k1[0] - k0[0] for k0, k1 in zip(kernel0, kernel1, strict=True)),
+            worker_syscalls=sum(k1[1] - k0[1] for k0, k1 in zip(kernel0, kernel1, strict=True)),
         )
         if drain:
             if self.started == self.done:

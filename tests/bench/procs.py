@@ -29,6 +29,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def kernel_use(pid: int) -> tuple[float, int]:
+    """System CPU seconds of a whole process, and the read and write system calls it made
+    (``/proc/<pid>/io``): what its socket traffic costs the kernel."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    calls = 0
+    with open(f"/proc/{pid}/io", encoding="ascii") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("syscr", "syscw"):
+                calls += int(value)
+    return int(fields[12]) / _TICK, calls
+
+
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/statm", encoding="ascii") as f:
         return int(f.read().split()[1]) * _PAGE
@@ -90,6 +104,9 @@ class Proc:
 
     def cpu(self) -> float:
         return cpu_seconds(self.pid)
+
+    def kernel(self) -> tuple[float, int]:
+        return kernel_use(self.pid)
 
     def rss(self) -> int:
         return rss_bytes(self.pid)

@@ -276,6 +276,9 @@ def _summarize(windows: dict[str, list[Window]]) -> dict[str, Any]:
     for name, ws in windows.items():
         summary[name] = {
             "worker_cpu_ms_per_step": median([w.cpu_ms_per_step for w in ws]),
+            "worker_sys_cpu_ms_per_step": median(
+                [1000 * w.worker_sys_cpu_s / w.steps if w.steps else float("nan") for w in ws]
+            ),
             "steps_per_s": median([w.steps_per_s for w in ws]),
             "outside_model_p50_ms": median([1000 * w.gaps.get("p50", float("nan")) for w in ws]),
             "outside_model_p99_ms": median([1000 * w.gaps.get("p99", float("nan")) for w in ws]),
@@ -345,6 +348,7 @@ async def step_cost(ctx: Context) -> dict[str, Any]:
                             sessions,
                             name,
                             s["worker_cpu_ms_per_step"],
+                            s["worker_sys_cpu_ms_per_step"],
                             {
                                 "floor": 1.0,
                                 "protocol": ratios["protocol_cpu_per_step"],
@@ -380,6 +384,7 @@ async def step_cost(ctx: Context) -> dict[str, Any]:
                 "sessions",
                 "system",
                 "cpu ms/step",
+                "of it kernel",
                 "x floor",
                 "x protocol",
                 "steps/s",
@@ -632,7 +637,7 @@ async def controls(ctx: Context) -> dict[str, Any]:
                 target.workers, target.helpers = [], []
             windows[target.name].append(window)
     out: dict[str, Any] = {}
-    rows = []
+    rows: list[tuple[str, Any, float, Any]] = []
     base_cpu = median([w.cpu_ms_per_step for w in windows[base.name]])
     for name, found in windows.items():
         cpu = median([w.cpu_ms_per_step for w in found])
