@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from contracts.control import ApprovalRequest, TurnCancel, TurnChildResult, TurnDecision
+from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import ChildFinished
 from contracts.state import AgentState, StopSignal
 from contracts.turns import TurnRequest, TurnResult
@@ -194,30 +194,6 @@ class Controls:
                 call_id=child.call_id,
             )
         return merged
-
-    async def _list_waiting(self, state: AgentState) -> None:
-        """Keep the fleet-wide list of calls waiting for a decision (``loopwire approvals``)."""
-        ex = turn_of(state)
-        wait, pending = ex.wait, ex.pending
-        assert wait is not None and pending is not None and pending.response is not None
-        calls = {c.id: c for c in pending.response.message.tool_calls}
-        open_ = [c for c in wait.call_ids if c not in pending.decisions]
-        await self.store.note_approvals(
-            [
-                ApprovalRequest(
-                    turn_id=ex.turn_id,
-                    session_id=state.session_id,
-                    agent=ex.request.agent,
-                    call_id=call_id,
-                    tool=calls[call_id].name,
-                    arguments=calls[call_id].arguments,
-                    since=wait.since,
-                    until=wait.until,
-                )
-                for call_id in open_
-            ]
-        )
-        await self.store.clear_approvals(ex.turn_id, list(pending.decisions))
 
     async def _end_cancelled(
         self, session: StepSession, state: AgentState | None, work: StepWork, cancel: TurnCancel

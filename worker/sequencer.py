@@ -200,9 +200,6 @@ class SessionSequencer(Controls, Erasure):
             if timer is not None:
                 timer.cancel()
         if isinstance(outcome, Waiting):
-            waiting = turn_of(outcome.state).wait
-            if waiting is not None and waiting.kind == "approval":
-                await self._list_waiting(outcome.state)
             return self._waiting(outcome, work, session)
         if ready.waited:
             await self.store.clear_approvals(work.turn_id, ready.waited)

@@ -577,6 +577,25 @@ async def test_a_call_that_needs_approval_parks_the_turn_holding_nothing() -> No
     assert [e.id for e in rig.events.events if e.type == "approval.requested"] == [requested.id] * 2
 
 
+async def test_a_call_is_listed_as_waiting_before_it_is_announced() -> None:
+    """Whoever hears ``approval.requested`` (and a worker may die right after announcing it)
+    finds the call on the list ``loopwire approvals`` reads, on the first park and on the
+    announcement made again."""
+    rig = approving_rig()
+    listed_when_heard: list[list[str]] = []
+    emit = rig.events.emit
+
+    async def checking(event: Any) -> None:
+        if event.type == "approval.requested":
+            listed_when_heard.append([r.call_id for r in await rig.store.approvals()])
+        await emit(event)
+
+    rig.events.emit = checking  # type: ignore[method-assign]
+    await parked_turn(rig, two_lookups())
+    await rig.sequencer.on_step(work("t1", 0))  # found parked: announced again
+    assert listed_when_heard == [["call_1", "call_2"]] * 4
+
+
 @pytest.mark.parametrize(
     ("verdict", "fields", "seen", "ran"),
     [

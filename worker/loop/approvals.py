@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from contracts.control import TurnDecision
+from contracts.control import ApprovalRequest, TurnDecision
 from contracts.state import AgentState, PendingStep, Wait
 from worker.loop.spec import AgentSpec
 from worker.loop.turn import turn_of, with_execution
@@ -80,3 +80,28 @@ def timed_out(state: AgentState, now: float) -> AgentState:
         if call_id not in ex.pending.decisions
     }
     return with_decisions(state, rejections)
+
+
+def waiting_list(state: AgentState) -> tuple[list[ApprovalRequest], list[str]]:
+    """A turn parked for approval as the fleet-wide list of waiting calls holds it
+    (``loopwire approvals``): its calls still waiting for a decision, and the ids of the calls
+    decided already (off the list)."""
+    ex = turn_of(state)
+    wait, pending = ex.wait, ex.pending
+    assert wait is not None and pending is not None and pending.response is not None
+    calls = {c.id: c for c in pending.response.message.tool_calls}
+    open_ = [
+        ApprovalRequest(
+            turn_id=ex.turn_id,
+            session_id=state.session_id,
+            agent=ex.request.agent,
+            call_id=call_id,
+            tool=calls[call_id].name,
+            arguments=calls[call_id].arguments,
+            since=wait.since,
+            until=wait.until,
+        )
+        for call_id in wait.call_ids
+        if call_id not in pending.decisions
+    ]
+    return open_, list(pending.decisions)

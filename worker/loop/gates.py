@@ -127,13 +127,15 @@ class Gates:
 
     async def _park(self, state: AgentState, agent: AgentSpec, waiting: tuple[str, ...]) -> Waiting:
         """Park the turn until its calls in ``waiting`` are decided: saved as waiting (the
-        lease let go), then ``approval.requested`` for each call. A turn parked already is
-        announced again as it was (the same events): the worker that parked it may have died
-        before it could announce."""
+        lease let go), listed among the calls waiting for a decision, then
+        ``approval.requested`` for each call. A turn parked already is listed and announced
+        again as it was (the same events): the worker that parked it may have died before it
+        could."""
         if turn_of(state).status != "waiting":
             state = await self._save(
                 parked(state, waiting, self.clock(), agent.approval_timeout_s), release=True
             )
+        await self.store.list_waiting(state)
         ex = turn_of(state)
         assert ex.wait is not None and ex.pending is not None and ex.pending.response is not None
         calls = {c.id: c for c in ex.pending.response.message.tool_calls}

@@ -111,6 +111,13 @@ class StateStore(Protocol):
         parked: the one it read, or the one a save returned."""
         ...
 
+    async def list_waiting(self, state: AgentState) -> None:
+        """``state``'s turn is parked for approval: its undecided calls go on the fleet-wide
+        list of calls waiting for a decision (``loopwire approvals``), its decided ones off it
+        (``worker.loop.approvals.waiting_list``). Done before the calls are announced, so that
+        whoever hears of a call finds it listed."""
+        ...
+
     async def load_messages(self, state: AgentState) -> Sequence[ChatMessage]:
         """The conversation so far: session history before the turn plus this turn's messages
         (a ``worker.loop.transcript.StoredMessages`` spares building every message object)."""

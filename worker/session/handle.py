@@ -20,7 +20,9 @@ from contracts.state import AgentState
 from contracts.turns import TurnResult
 from worker import failpoints
 from worker.errors import StaleStateError
+from worker.loop.approvals import waiting_list
 from worker.loop.transcript import StoredMessages
+from worker.loop.turn import turn_of
 
 if TYPE_CHECKING:
     from worker.session.port import Opening
@@ -121,6 +123,11 @@ class SessionHandle:
         if stored is not None and stored[0] == state.version:
             return ParkedState(stored[1], state.version)
         return ParkedState(encode_stored(state), state.version)
+
+    async def list_waiting(self, state: AgentState) -> None:
+        requests, decided = waiting_list(state)
+        await self.store.note_approvals(requests)
+        await self.store.clear_approvals(turn_of(state).turn_id, decided)
 
     async def load_messages(self, state: AgentState) -> StoredMessages:
         redis = self.store.redis

@@ -22,6 +22,8 @@ from contracts.state import AgentState, Spend
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
+from worker.loop.approvals import waiting_list
+from worker.loop.turn import turn_of
 from worker.session.port import (
     Accepted,
     EndQueued,
@@ -285,6 +287,11 @@ class MemorySession:
     def take_state(self) -> AgentState | None:
         state, self._state = self._state, None
         return state
+
+    async def list_waiting(self, state: AgentState) -> None:
+        requests, decided = waiting_list(state)
+        await self.store.note_approvals(requests)
+        await self.store.clear_approvals(turn_of(state).turn_id, decided)
 
     def park(self, state: AgentState) -> MemoryParked:
         return self.store.park(state)
