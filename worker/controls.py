@@ -16,9 +16,9 @@ from contracts.state import AgentState, StopSignal
 from contracts.turns import TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
-from worker.actions import Action, Delay, Drop, Reply, wake
+from worker.actions import Action, Delay, Drop, Reply, Start, Step, wake
 from worker.agents import AgentProfile, ProfileLookup
-from worker.loop import EventSink, Finished, Loop, new_execution
+from worker.loop import EventSink, Finished, Loop, Waiting, new_execution
 from worker.loop.announce import announce
 from worker.loop.approvals import timed_out, with_decisions
 from worker.loop.children import with_child_results
@@ -194,6 +194,21 @@ class Controls:
                 call_id=child.call_id,
             )
         return merged
+
+    def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:
+        """The turn is parked: its timeout message goes out (again, when a step message finds
+        it still waiting: the worker that parked it may have died before sending it; copies
+        are harmless), and control messages recorded while it parked wake it at once."""
+        tracing = self.tracing
+        actions: list[Action] = [
+            Start(request if tracing is None else tracing.stamped(request))
+            for request in outcome.start
+        ]
+        if outcome.until is not None:
+            actions.append(Delay(work.model_copy(update={"wait_until": outcome.until})))
+        if session.controls_waiting:
+            actions.append(Step(work.model_copy(update={"wait_until": None})))
+        return actions
 
     async def _end_cancelled(
         self, session: StepSession, state: AgentState | None, work: StepWork, cancel: TurnCancel

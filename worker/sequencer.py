@@ -37,10 +37,8 @@ from worker import failpoints
 from worker.actions import (
     Action,
     Busy,
-    Delay,
     Drop,
     Reply,
-    Start,
     Step,
     cancel_children,
     first_step,
@@ -226,7 +224,7 @@ class SessionSequencer(Controls, Erasure):
         if cancel is not None and await self._runs(ex, work, opening):
             return await self._end_cancelled(session, state, work, cancel)
         if ex is None:
-            head = opening.head if opening else await self.store.head(work.session_id)
+            head = await self._head(work, opening)
             if head != work.turn_id or work.step != 0:
                 return await self._already_done(work, head)
             request = (
@@ -266,29 +264,17 @@ class SessionSequencer(Controls, Erasure):
         stepping = self.loop_factory(session, profile, redone).step(state, profile)
         return _Stepping(stepping, request, waited, turn_of(state).trace)
 
-    def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:
-        """The turn is parked: its timeout message goes out (again, when a step message finds
-        it still waiting: the worker that parked it may have died before sending it; copies
-        are harmless), and control messages recorded while it parked wake it at once."""
-        tracing = self.tracing
-        actions: list[Action] = [
-            Start(request if tracing is None else tracing.stamped(request))
-            for request in outcome.start
-        ]
-        if outcome.until is not None:
-            actions.append(Delay(work.model_copy(update={"wait_until": outcome.until})))
-        if session.controls_waiting:
-            actions.append(Step(work.model_copy(update={"wait_until": None})))
-        return actions
-
     async def _runs(
         self, ex: ExecutionState | None, work: StepWork, opening: Opening | None
     ) -> bool:
         """Whether ``work``'s turn is the session's running one (its head, started or not)."""
         if ex is not None:
             return ex.turn_id == work.turn_id
-        head = opening.head if opening else await self.store.head(work.session_id)
-        return head == work.turn_id
+        return await self._head(work, opening) == work.turn_id
+
+    async def _head(self, work: StepWork, opening: Opening | None) -> str | None:
+        """The session's queue head: read with the lease at a turn's first step, else asked."""
+        return opening.head if opening else await self.store.head(work.session_id)
 
     async def fail_turn(self, work: StepWork, code: str, reason: str) -> list[Action]:
         """End the turn of a step that can never succeed (``finish_reason: error``) through the

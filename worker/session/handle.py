@@ -20,12 +20,10 @@ from contracts.state import AgentState
 from contracts.turns import TurnResult
 from worker import failpoints
 from worker.errors import StaleStateError
-from worker.loop.approvals import waiting_list
 from worker.loop.transcript import StoredMessages
-from worker.loop.turn import turn_of
+from worker.session.port import Opening, list_waiting
 
 if TYPE_CHECKING:
-    from worker.session.port import Opening
     from worker.session.store import RedisStore
 
 
@@ -125,9 +123,7 @@ class SessionHandle:
         return ParkedState(encode_stored(state), state.version)
 
     async def list_waiting(self, state: AgentState) -> None:
-        requests, decided = waiting_list(state)
-        await self.store.note_approvals(requests)
-        await self.store.clear_approvals(turn_of(state).turn_id, decided)
+        await list_waiting(self.store, state)
 
     async def load_messages(self, state: AgentState) -> StoredMessages:
         redis = self.store.redis

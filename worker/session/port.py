@@ -23,7 +23,9 @@ from contracts.base import Contract
 from contracts.control import ApprovalRequest, TurnCancel, TurnChildResult, TurnDecision
 from contracts.state import AgentState
 from contracts.turns import TurnRequest, TurnResult
+from worker.loop.approvals import waiting_list
 from worker.loop.ports import StateStore
+from worker.loop.turn import turn_of
 
 AcceptStatus = Literal["start", "queued", "pending", "done"]
 ControlStatus = Literal["recorded", "again", "finished", "unknown"]
@@ -163,3 +165,11 @@ class SessionStore(Protocol):
         """Every reply queue the turn's copies named (kept after the turn finished): a copy
         published while the turn runs gets the result too."""
         ...
+
+
+async def list_waiting(store: SessionStore, state: AgentState) -> None:
+    """``StepSession.list_waiting`` of every store: the parked turn's undecided calls on the
+    store's list of calls waiting for a decision, its decided ones off it."""
+    requests, decided = waiting_list(state)
+    await store.note_approvals(requests)
+    await store.clear_approvals(turn_of(state).turn_id, decided)

@@ -22,8 +22,6 @@ from contracts.state import AgentState, Spend
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
-from worker.loop.approvals import waiting_list
-from worker.loop.turn import turn_of
 from worker.session.port import (
     Accepted,
     EndQueued,
@@ -31,6 +29,7 @@ from worker.session.port import (
     Recorded,
     Renewal,
     StepSession,
+    list_waiting,
 )
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
@@ -289,9 +288,7 @@ class MemorySession:
         return state
 
     async def list_waiting(self, state: AgentState) -> None:
-        requests, decided = waiting_list(state)
-        await self.store.note_approvals(requests)
-        await self.store.clear_approvals(turn_of(state).turn_id, decided)
+        await list_waiting(self.store, state)
 
     def park(self, state: AgentState) -> MemoryParked:
         return self.store.park(state)
