@@ -22,25 +22,29 @@ _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (utime is ``[11]``, stime
+    ``[12]``, in clock ticks)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a whole process (all its threads), in seconds."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def kernel_use(pid: int) -> tuple[float, int]:
     """System CPU seconds of a whole process, and the read and write system calls it made
     (``/proc/<pid>/io``): what its socket traffic costs the kernel."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
     calls = 0
     with open(f"/proc/{pid}/io", encoding="ascii") as f:
         for line in f:
             name, _, value = line.partition(":")
             if name in ("syscr", "syscw"):
                 calls += int(value)
-    return int(fields[12]) / _TICK, calls
+    return int(_stat(pid)[12]) / _TICK, calls
 
 
 def rss_bytes(pid: int) -> int:
