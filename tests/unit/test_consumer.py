@@ -363,7 +363,7 @@ async def test_poison_step_is_dead_lettered_and_its_turn_ended(make_rig: MakeRig
     [result] = rig.replies()
     assert result.finish_reason == "error"
     assert result.error is not None and result.error.code == "poison"
-    assert rig.store.results["t1"] == result
+    assert rig.store.results[SESSION, "t1"] == result
     assert "turn.failed" in rig.event_types("t1")
     assert "turn.rejected" not in rig.event_types()
     assert rig.retries() == []
@@ -555,7 +555,7 @@ async def test_failing_step_is_retried_then_dead_lettered_and_its_turn_ended(
     assert result.finish_reason == "error"
     assert result.error is not None and result.error.code == "step_failed"
     assert "turn.failed" in rig.event_types("t1")
-    assert rig.store.queues[SESSION] == []
+    assert rig.store.queues.get(SESSION, []) == []
     assert len(rig.model.requests) == MAX_STEP_ATTEMPTS
 
 

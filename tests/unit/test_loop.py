@@ -257,7 +257,7 @@ async def test_iteration_cap_ends_turn_with_last_content(
     assert history[-1].tool_call_id == f"c{expected - 1}"
     assert len(history) == 1 + 2 * expected
     assert rig.sink.types()[-1] == "turn.completed"
-    assert rig.store.results["t1"] == result
+    assert rig.store.results[SESSION, "t1"] == result
 
 
 async def test_answer_before_cap_is_a_stop(
@@ -743,7 +743,7 @@ async def test_persist_false_leaves_session_history_untouched(
         "Anything else?",
     ]
     assert rig.store.transient == {}
-    assert rig.store.results["t2"] == transient.result
+    assert rig.store.results[SESSION, "t2"] == transient.result
 
 
 async def test_persist_false_turn_ending_at_the_cap_stores_nothing(
@@ -1055,7 +1055,7 @@ async def test_model_error_emits_turn_failed(
     ex = finished.state.execution
     assert ex is None
     # the failed step is recorded with its error, and its type says so
-    stored = rig.store.results["t1"]
+    stored = rig.store.results[SESSION, "t1"]
     assert stored.error is not None and "500" in stored.error.message
 
 
@@ -1135,7 +1135,7 @@ async def test_server_error_fails_the_turn(
     assert result.steps == 2  # the step whose model call failed is recorded
     assert len(scripted_model.requests) == 2
     assert rig.sink.types()[-1] == "turn.failed"
-    assert rig.store.results["t1"] == result
+    assert rig.store.results[SESSION, "t1"] == result
     assert [m.role for m in rig.history()] == ["user", "assistant", "tool"]
     state = await rig.store.load(SESSION)
     assert state is not None
@@ -1353,7 +1353,7 @@ async def test_step_resumes_after_crash_without_redoing_saved_work(
     assert result.finish_reason == "stop"
     assert result.content == "You have one order and one ticket."
     assert result.steps == 2
-    assert store.results["t1"] == result
+    assert store.results[SESSION, "t1"] == result
     assert len(scripted_model.requests) == step0_requests + step1_requests
     assert counts == Counter(orders=orders_calls, tickets=tickets_calls)
     history = store.histories[SESSION]
@@ -1654,7 +1654,7 @@ async def test_a_turn_ending_with_an_error_ends_even_when_an_after_execution_hoo
     rig = build(make_model(max_retries=0), {"lookup": echo}, hooks=Fails())
     finished = await rig.loop.run_turn(None, turn(), profile())
     assert finished.result.finish_reason == "error"
-    assert rig.store.results["t1"] == finished.result
+    assert rig.store.results[SESSION, "t1"] == finished.result
     assert rig.sink.types()[-1] == "turn.failed"
 
 

@@ -213,7 +213,7 @@ async def test_duplicate_of_a_finished_turn_is_answered_with_its_result(
     rig.script(answers("Order 42 shipped yesterday."))
     await rig.sequencer.on_request(request("t1", reply_to=reply_to))
     await rig.sequencer.on_step(work("t1", 0))
-    result = rig.store.results["t1"]
+    result = rig.store.results[SESSION, "t1"]
 
     actions = await rig.sequencer.on_request(request("t1", reply_to=reply_to))
 
@@ -283,7 +283,7 @@ async def test_last_step_replies_and_kicks_the_next_turn(rig: Rig) -> None:
 
     actions = await rig.sequencer.on_step(work("t1", 0))
 
-    result = rig.store.results["t1"]
+    result = rig.store.results[SESSION, "t1"]
     assert actions == [Reply(REPLIES, result), kick("t2")]
     assert (result.finish_reason, result.content) == ("stop", "Order 42 shipped yesterday.")
     assert rig.store.queues[SESSION] == ["t2"]
@@ -295,7 +295,7 @@ async def test_redelivered_last_step_of_a_finished_turn_repeats_its_effects(rig:
     await rig.sequencer.on_request(request("t1"))
     await rig.sequencer.on_request(request("t2"))
     await rig.sequencer.on_step(work("t1", 0))
-    result = rig.store.results["t1"]
+    result = rig.store.results[SESSION, "t1"]
 
     actions = await rig.sequencer.on_step(work("t1", 0))
 
@@ -323,7 +323,7 @@ async def test_fail_turn_ends_a_running_turn_with_an_error(rig: Rig) -> None:
 
     actions = await rig.sequencer.fail_turn(work("t1", 1), "step_failed", "step failed 5 times")
 
-    result = rig.store.results["t1"]
+    result = rig.store.results[SESSION, "t1"]
     assert actions == [Reply(REPLIES, result), kick("t2")]
     assert result.finish_reason == "error"
     assert result.error is not None
@@ -345,7 +345,7 @@ async def test_fail_turn_ends_a_turn_that_never_started(rig: Rig) -> None:
 
     actions = await rig.sequencer.fail_turn(work("t1", 0), "poison", "delivered 19 times")
 
-    result = rig.store.results["t1"]
+    result = rig.store.results[SESSION, "t1"]
     assert actions == [Reply(REPLIES, result), kick("t2")]
     assert result.finish_reason == "error"
     assert result.error is not None and result.error.code == "poison"
@@ -369,7 +369,7 @@ async def test_fail_turn_while_another_worker_holds_the_lease_is_busy(rig: Rig) 
     actions = await rig.sequencer.fail_turn(work("t1", 0), "poison", "delivered 19 times")
 
     assert actions == [Busy()]
-    assert "t1" not in rig.store.results
+    assert (SESSION, "t1") not in rig.store.results
     assert rig.store.leases[SESSION][0] == other.token
 
 
@@ -381,13 +381,13 @@ async def test_fail_turn_of_a_finished_turn_changes_nothing_and_repeats_its_effe
     rig.script(answers("Shipped."))
     await rig.sequencer.on_request(request("t1"))
     await rig.sequencer.on_step(work("t1", 0))
-    result = rig.store.results["t1"]
+    result = rig.store.results[SESSION, "t1"]
 
     actions = await rig.sequencer.fail_turn(work("t1", 0), "poison", "delivered 19 times")
 
     assert codes(actions) == ["finished_turn"]
     assert actions[:-1] == [Reply(REPLIES, result)]
-    assert rig.store.results["t1"] == result
+    assert rig.store.results[SESSION, "t1"] == result
     assert rig.hook.ended == [result]
     assert await rig.lease_is_free()
 

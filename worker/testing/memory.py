@@ -1,25 +1,29 @@
-"""In-process implementations of the loop's and the session's ports.
+"""In-process implementations of the session's port.
 
 They run a turn without RabbitMQ or Redis: for unit tests, for embedding the loop in another
-program, and as the reference behaviour of the Redis store. ``MemoryStore`` keeps the session
-port's rules (``worker.session.port``) in dicts, and passes the same contract tests as the
-Redis store (``tests/integration/test_session_store_contract.py``). Used directly as a ``StateStore`` it
-runs turns in this process without leases (``Loop.run_turn``); ``take`` gives a fenced
-``StepSession`` as the worker uses it.
+program, for the sequencer's simulation, and as the reference behaviour of the Redis store.
+``MemoryStore`` keeps the session port's rules (``worker.session.port``) in dicts, keyed as
+the Redis store keys them (a result, a transient list, a turn's controls by session and turn),
+each entry expiring as its Redis key does (``worker.testing.keyspace``), and passes the same
+contract tests as the Redis store (``tests/integration/test_session_store_contract.py``). Used
+directly as a ``StateStore`` it runs turns in this process without leases (``Loop.run_turn``);
+``take`` gives a fenced ``StepSession`` as the worker uses it.
+
+The in-process doubles of the loop's ports (``StaticCatalog``, ``FunctionTools``,
+``ListSink``) live in ``worker.testing.doubles`` and are importable from here too.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+from contracts import keys
 from contracts.base import Contract
 from contracts.control import ApprovalRequest, TurnCancel, TurnChildResult, TurnDecision
-from contracts.events import Event
 from contracts.messages import ChatMessage
 from contracts.state import AgentState, Spend
-from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
 from worker.session.port import (
@@ -31,8 +35,21 @@ from worker.session.port import (
     StepSession,
     list_waiting,
 )
+from worker.testing.doubles import FunctionTools, ListSink, StaticCatalog, ToolFunction
+from worker.testing.keyspace import Keyspace
 
-ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+__all__ = [
+    "FunctionTools",
+    "ListSink",
+    "MemoryParked",
+    "MemorySession",
+    "MemoryStore",
+    "StaticCatalog",
+    "ToolFunction",
+]
+
+DEFAULT_TTL_S = 30 * 24 * 3600
+_K = TypeVar("_K")
 
 
 class MemoryParked:
@@ -48,20 +65,32 @@ class MemoryParked:
 
 
 class MemoryStore:
-    """The session store in dicts, with the Redis store's compare-and-set and lease rules."""
+    """The session store in dicts, with the Redis store's compare-and-set, lease and expiry
+    rules. ``clock`` drives the leases and the keys' expiry (``keys``: every live entry by its
+    Redis key's name)."""
 
-    def __init__(self, *, lease_ttl_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        lease_ttl_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+        ttl_s: float = DEFAULT_TTL_S,
+    ):
         self.lease_ttl_s = lease_ttl_s
+        self.ttl_s = ttl_s
         self.clock = clock
+        self.keys = Keyspace(clock)
         self.states: dict[str, AgentState] = {}
         self.histories: dict[str, list[ChatMessage]] = {}
-        self.transient: dict[str, list[ChatMessage]] = {}
-        self.results: dict[str, TurnResult] = {}
+        self.transient: dict[tuple[str, str], list[ChatMessage]] = {}
+        """A ``persist: false`` turn's messages, by session and turn."""
+        self.results: dict[tuple[str, str], TurnResult] = {}
+        """Each finished turn's result, by session and turn."""
         self.turns: dict[str, dict[str, str]] = {}
         self.requests: dict[str, dict[str, TurnRequest]] = {}
         self.queues: dict[str, list[str]] = {}
         self.replies: dict[str, dict[str, list[str]]] = {}
-        self.accepted_at: dict[str, float] = {}
+        self.accepted_at: dict[tuple[str, str], float] = {}
         self.leases: dict[str, tuple[int, float]] = {}
         self.fences: dict[str, int] = {}
         self.controls: dict[tuple[str, str], dict[str, Contract | int]] = {}
@@ -74,36 +103,49 @@ class MemoryStore:
     # -- the session port ---------------------------------------------------------------
 
     async def accept(self, request: TurnRequest) -> Accepted:
+        self.keys.sweep()
         s, t = request.session_id, request.turn_id
         turns = self.turns.setdefault(s, {})
-        self.sessions_of.setdefault(t, s)
-        replies = self.replies.setdefault(s, {}).setdefault(t, [])
+        if t not in self.sessions_of:  # SET NX EX
+            self.sessions_of[t] = s
+            self.keys.expire(keys.turn_session(t), self.ttl_s, self._pop(self.sessions_of, t))
         if t in turns:
-            result = self.results.get(t)
+            result = self.results.get((s, t))
             if result:
                 return Accepted("done", result=result)
-            if request.reply_to and request.reply_to not in replies:
-                replies.append(request.reply_to)
-            return Accepted("pending", accepted_at=self.accepted_at.get(t))
+            self._add_reply(s, t, request.reply_to)
+            return Accepted("pending", accepted_at=self.accepted_at.get((s, t)))
         turns[t] = "queued"
-        now = self.accepted_at[t] = time.time()
+        now = self.accepted_at[s, t] = time.time()
         self.requests.setdefault(s, {})[t] = request
-        if request.reply_to:
-            replies.append(request.reply_to)
+        self._add_reply(s, t, request.reply_to)
         queue = self.queues.setdefault(s, [])
         queue.append(t)
+        self._expire(keys.session_turns(s), self._pop(self.turns, s))
+        self._expire(keys.session_requests(s), self._pop(self.requests, s))
+        self._expire(keys.session_queue(s), self._pop(self.queues, s))
         if len(queue) == 1:
             return Accepted("start", accepted_at=now)
         return Accepted("queued", ahead=len(queue) - 1, accepted_at=now)
 
+    def _add_reply(self, s: str, t: str, reply_to: str | None) -> None:
+        """A reply queue more for the turn (each once), the replies hash's expiry renewed."""
+        if reply_to:
+            replies = self.replies.setdefault(s, {}).setdefault(t, [])
+            if reply_to not in replies:
+                replies.append(reply_to)
+            self._expire(keys.session_replies(s), self._pop(self.replies, s))
+
     async def take(
         self, session_id: str, turn_id: str = "", *, first: bool = False
     ) -> MemorySession | None:
+        self.keys.sweep()
         held = self.leases.get(session_id)
         if held is not None and held[1] > self.clock():
             return None
         token = self.fences.get(session_id, 0) + 1
         self.fences[session_id] = token
+        self._expire(keys.session_fence(session_id), self._pop(self.fences, session_id))
         self.leases[session_id] = (token, self.clock() + self.lease_ttl_s)
         session = MemorySession(self, session_id, token, self.states.get(session_id))
         session.turn_id = turn_id
@@ -123,6 +165,7 @@ class MemoryStore:
         return session
 
     async def renew(self, session: StepSession) -> Renewal:
+        self.keys.sweep()
         if not self._holds(session):
             return "lost"
         self.leases[session.session_id] = (session.token, self.clock() + self.lease_ttl_s)
@@ -130,22 +173,27 @@ class MemoryStore:
         return "cancelled" if "cancel" in controls else "held"
 
     async def session_of(self, turn_id: str) -> str | None:
+        self.keys.sweep()
         return self.sessions_of.get(turn_id)
 
     async def record_control(
         self, session_id: str, turn_id: str, field: str, control: Contract
     ) -> Recorded:
+        self.keys.sweep()
         status = self.turns.get(session_id, {}).get(turn_id)
         if status is None:
             return Recorded("unknown")
         if status == "done":
             return Recorded("finished")
-        controls = self.controls.setdefault((session_id, turn_id), {})
+        key = (session_id, turn_id)
+        controls = self.controls.setdefault(key, {})
         parked = controls.get("parked")
         at = parked if isinstance(parked, int) else None
         if field in controls:
+            self._expire_controls(key)
             return Recorded("again", at)
         controls[field] = control
+        self._expire_controls(key)
         return Recorded("recorded", at)
 
     async def spent_today(self, agent: str) -> Spend:
@@ -155,29 +203,39 @@ class MemoryStore:
         self.spend[agent] = self.spend.get(agent, Spend()) + spend
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
+        self.keys.sweep()
         for r in requests:
             self.waiting_approvals[f"{r.turn_id}:{r.call_id}"] = r
+        if self.waiting_approvals:
+            self.keys.written(keys.approvals_waiting(), self.waiting_approvals.clear)
 
     async def clear_approvals(self, turn_id: str, call_ids: Sequence[str]) -> None:
+        self.keys.sweep()
         for call_id in call_ids:
             self.waiting_approvals.pop(f"{turn_id}:{call_id}", None)
+        if not self.waiting_approvals:
+            self.keys.deleted(keys.approvals_waiting())
 
     async def approvals(self) -> list[ApprovalRequest]:
+        self.keys.sweep()
         return sorted(self.waiting_approvals.values(), key=lambda r: r.since)
 
     async def end_queued(
         self, session_id: str, turn_id: str, result: TurnResult
     ) -> tuple[EndQueued, tuple[str, ...]]:
+        self.keys.sweep()
         queue = self.queues.get(session_id, [])
         if queue and queue[0] == turn_id:
             return "head", ()
         if self.turns.get(session_id, {}).get(turn_id) in (None, "done"):
             return "finished", ()
         queue.remove(turn_id)
+        self._emptied(keys.session_queue(session_id), self.queues, session_id)
         self.turns[session_id][turn_id] = "done"
         self.requests.get(session_id, {}).pop(turn_id, None)
-        self.results[turn_id] = result
-        self.controls.pop((session_id, turn_id), None)
+        self._emptied(keys.session_requests(session_id), self.requests, session_id)
+        self._set_result(session_id, turn_id, result)
+        self._drop_controls((session_id, turn_id))
         return "ended", tuple(self.replies.get(session_id, {}).get(turn_id, ()))
 
     async def release(self, session: StepSession) -> None:
@@ -185,22 +243,26 @@ class MemoryStore:
             del self.leases[session.session_id]
 
     async def head(self, session_id: str) -> str | None:
+        self.keys.sweep()
         queue = self.queues.get(session_id)
         return queue[0] if queue else None
 
     async def request(self, session_id: str, turn_id: str) -> TurnRequest | None:
+        self.keys.sweep()
         return self.requests.get(session_id, {}).get(turn_id)
 
     async def result(self, session_id: str, turn_id: str) -> TurnResult | None:
-        result = self.results.get(turn_id)
-        return result if result is not None and result.session_id == session_id else None
+        self.keys.sweep()
+        return self.results.get((session_id, turn_id))
 
     async def reply_to(self, session_id: str, turn_id: str) -> tuple[str, ...]:
+        self.keys.sweep()
         return tuple(self.replies.get(session_id, {}).get(turn_id, ()))
 
     # -- the loop's store, in this process (no lease) -------------------------------------
 
     async def load(self, session_id: str) -> AgentState | None:
+        self.keys.sweep()
         return self.states.get(session_id)
 
     def park(self, state: AgentState) -> MemoryParked:
@@ -209,11 +271,13 @@ class MemoryStore:
         return MemoryParked(state)
 
     async def load_messages(self, state: AgentState) -> list[ChatMessage]:
+        self.keys.sweep()
         history = self.histories.get(state.session_id, [])
         ex = state.execution
         if ex is None or ex.request.persist:
             return list(history)
-        return [*history[: ex.history_start], *self.transient.get(ex.turn_id, [])]
+        own = self.transient.get((state.session_id, ex.turn_id), [])
+        return [*history[: ex.history_start], *own]
 
     async def save(
         self,
@@ -235,31 +299,88 @@ class MemoryStore:
     def _write(
         self, state: AgentState, append: Sequence[ChatMessage], result: TurnResult | None
     ) -> tuple[AgentState, str | None]:
+        """The save script: the state on its version, the messages, and a turn's end."""
+        self.keys.sweep()
         sid = state.session_id
         stored = self.states.get(sid)
         if (stored.version if stored else 0) != state.version:
             raise StaleStateError(f"session {sid} was written by someone else")
         ex = state.execution
-        if append:
-            if ex is None or ex.request.persist:
-                self.histories.setdefault(sid, []).extend(append)
-            else:
-                self.transient.setdefault(ex.turn_id, []).extend(append)
-        head = None
-        if result is not None:
-            t = result.turn_id
-            self.results[t] = result
-            self.turns.setdefault(sid, {})[t] = "done"
-            queue = self.queues.get(sid, [])
-            if queue and queue[0] == t:
-                queue.pop(0)
-            self.requests.get(sid, {}).pop(t, None)
-            self.transient.pop(t, None)
-            self.controls.pop((sid, t), None)
-            head = queue[0] if queue else None
         saved = state.model_copy(update={"version": state.version + 1})
         self.states[sid] = saved
+        self.keys.written(keys.session_state(sid), self._pop(self.states, sid))
+        if append:
+            self._append(sid, ex.turn_id if ex and not ex.request.persist else None, append)
+        head = None
+        if result is not None:
+            head = self._end(sid, result)
         return saved, head
+
+    def _append(self, sid: str, transient: str | None, append: Sequence[ChatMessage]) -> None:
+        """The messages on the session's history, or on a ``persist: false`` turn's list."""
+        if transient is None:
+            self.histories.setdefault(sid, []).extend(append)
+            self._expire(keys.session_history(sid), self._pop(self.histories, sid))
+        else:
+            self.transient.setdefault((sid, transient), []).extend(append)
+            key = keys.turn_transient(sid, transient)
+            self._expire(key, self._pop(self.transient, (sid, transient)))
+
+    def _end(self, sid: str, result: TurnResult) -> str | None:
+        """A turn's end, in the save script: its result, its status, the queue moves on; the
+        session's keys expire ``ttl_s`` from now. The session's next turn, if any."""
+        t = result.turn_id
+        self._set_result(sid, t, result)
+        self.turns.setdefault(sid, {})[t] = "done"
+        queue = self.queues.get(sid, [])
+        if queue and queue[0] == t:
+            queue.pop(0)
+        self._emptied(keys.session_queue(sid), self.queues, sid)
+        self.requests.get(sid, {}).pop(t, None)
+        self._emptied(keys.session_requests(sid), self.requests, sid)
+        if self.transient.pop((sid, t), None) is not None:
+            self.keys.deleted(keys.turn_transient(sid, t))
+        self._drop_controls((sid, t))
+        for key in (
+            keys.session_state(sid),
+            keys.session_history(sid),
+            keys.session_turns(sid),
+            keys.session_requests(sid),
+            keys.session_replies(sid),
+        ):
+            self.keys.expire(key, self.ttl_s)
+        return queue[0] if queue else None
+
+    def _set_result(self, sid: str, turn_id: str, result: TurnResult) -> None:
+        self.results[sid, turn_id] = result
+        key = keys.turn_result(sid, turn_id)
+        self.keys.expire(key, self.ttl_s, self._pop(self.results, (sid, turn_id)))
+
+    def _expire_controls(self, key: tuple[str, str]) -> None:
+        self._expire(keys.turn_controls(*key), self._pop(self.controls, key))
+
+    def _drop_controls(self, key: tuple[str, str]) -> None:
+        self.controls.pop(key, None)
+        self.keys.deleted(keys.turn_controls(*key))
+
+    def _expire(self, key: str, drop: Callable[[], None]) -> None:
+        self.keys.written(key, drop)
+        self.keys.expire(key, self.ttl_s)
+
+    def _emptied(self, key: str, table: dict[str, Any], sid: str) -> None:
+        """Redis drops an emptied list or hash, with its expiry."""
+        if sid in table and not table[sid]:
+            del table[sid]
+            self.keys.deleted(key)
+
+    @staticmethod
+    def _pop(table: dict[_K, Any], key: _K) -> Callable[[], None]:
+        """What deletes the entry ``key`` of ``table`` (the key's expiry)."""
+
+        def drop() -> None:
+            table.pop(key, None)
+
+        return drop
 
 
 class MemorySession:
@@ -329,56 +450,13 @@ class MemorySession:
             if self.parked != index:
                 controls["parked"] = self.parked = index
                 self.controls_waiting = len(controls) > 1
+            self.store._expire_controls(key)
         elif self.parked is not None:
             self.parked = None
             if controls is not None:  # what woke it is in its state now; a cancel stays
                 for name in [n for n in controls if n != "cancel"]:
                     del controls[name]
-
-
-class StaticCatalog:
-    """``ToolCatalog`` with a fixed list of tools."""
-
-    def __init__(self, definitions: Sequence[ToolDefinition] = ()) -> None:
-        self.definitions = list(definitions)
-
-    async def available(self) -> Sequence[ToolDefinition]:
-        return self.definitions
-
-    def last_known(self, name: str) -> ToolDefinition | None:
-        return next((d for d in self.definitions if d.name == name), None)
-
-
-class FunctionTools:
-    """``ToolCaller`` that runs Python coroutines in this process (exceptions become errors; a
-    function returning a ``ToolCallReply`` answers with it as it is, ``state_updates`` too)."""
-
-    def __init__(self, functions: Mapping[str, ToolFunction]) -> None:
-        self.functions = dict(functions)
-        self.calls: list[ToolCallRequest] = []
-
-    async def call(self, request: ToolCallRequest, definition: ToolDefinition) -> ToolCallReply:
-        self.calls.append(request)
-        function = self.functions[request.tool]
-        try:
-            value = await function(request.arguments, request.context)
-        except Exception as exc:
-            return ToolCallReply(
-                call_id=request.call_id, status="error", error=f"{type(exc).__name__}: {exc}"
-            )
-        if isinstance(value, ToolCallReply):
-            return value.model_copy(update={"call_id": request.call_id})
-        return ToolCallReply(call_id=request.call_id, status="ok", value=value)
-
-
-class ListSink:
-    """``EventSink`` that keeps every event in a list."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def emit(self, event: Event) -> None:
-        self.events.append(event)
-
-    def types(self) -> list[str]:
-        return [event.type for event in self.events]
+                if controls:
+                    self.store._expire_controls(key)
+                else:
+                    self.store._drop_controls(key)
