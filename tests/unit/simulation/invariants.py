@@ -1,0 +1,282 @@
+"""What must hold after any schedule of the sequencer's simulation, once the world settled.
+
+Each check returns the broken promises it found, as sentences a reader can act on; a schedule
+passes when there are none. They read only what a user could see or what Redis would hold:
+the events, the replies, the dead letters, the tool service's executions, the model's
+requests and the store's keys.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from contracts.codec import decode
+from contracts.events import Event
+from contracts.turns import TurnRequest, TurnResult
+from tests.unit.simulation.world import World
+
+FORGED = "FORGED"
+_OWNER = re.compile(r"for ([A-Za-z0-9_.:-]+)/")
+FINISH_TYPES = frozenset({"turn.completed", "turn.failed", "turn.cancelled"})
+
+
+@dataclass
+class Record:
+    """What the schedule's publishers did, for the checks."""
+
+    requests: list[TurnRequest] = field(default_factory=list)
+    cancels: set[tuple[str, str]] = field(default_factory=set)
+    """(session, turn) of every cancel delivered (and acked) while its turn had not ended."""
+    approved: set[tuple[str, str]] = field(default_factory=set)
+    """(turn, call) of every approve or edit decision published."""
+
+
+def check(world: World, record: Record, only: frozenset[str] = frozenset()) -> list[str]:
+    """The broken promises; ``only``: the names of the checks to make (all when empty)."""
+    broken: list[str] = []
+    for checker in CHECKS:
+        if not only or checker.__name__.lstrip("_") in only:
+            broken += checker(world, record)
+    return broken
+
+
+def _checks() -> tuple[Callable[[World, Record], list[str]], ...]:
+    return (
+        _every_turn_ends_once,
+        _every_reply_queue_answered,
+        _queues_drain,
+        _tools_run_once,
+        _sessions_apart,
+        _no_forgery,
+        _children_report_once,
+        _cancels_applied,
+        _approvals,
+        _approved_children,
+        _keys_expire,
+        _daily_spend,
+        _rejections,
+    )
+
+
+def _by_turn(world: World) -> dict[tuple[str | None, str | None], list[Event]]:
+    events: dict[tuple[str | None, str | None], list[Event]] = defaultdict(list)
+    for e in world.events.events:
+        events[e.session_id, e.turn_id].append(e)
+    return events
+
+
+def _accepted(world: World) -> set[tuple[str, str]]:
+    return {
+        (e.session_id, e.turn_id)
+        for e in world.events.events
+        if e.type == "turn.accepted" and e.session_id and e.turn_id
+    }
+
+
+def _results(world: World) -> dict[tuple[str, str], TurnResult]:
+    results: dict[tuple[str, str], TurnResult] = {}
+    for e in world.events.events:
+        if e.type in FINISH_TYPES and e.session_id and e.turn_id:
+            results[e.session_id, e.turn_id] = e.data.result  # type: ignore[union-attr]
+    return results
+
+
+def _every_turn_ends_once(world: World, record: Record) -> list[str]:
+    broken = []
+    events = _by_turn(world)
+    for turn in sorted(_accepted(world)):
+        ends = {e.id for e in events[turn] if e.type in FINISH_TYPES}
+        if len(ends) != 1:
+            broken.append(f"turn {turn} was accepted and ended {len(ends)} times (ids {ends})")
+        after = [e for e in events[turn] if e.type == "step.completed"]
+        ended = [i for i, e in enumerate(events[turn]) if e.type in FINISH_TYPES]
+        if ended and after and events[turn].index(after[-1]) > ended[0]:
+            broken.append(f"turn {turn}: a step.completed came after the turn's end")
+    return broken
+
+
+def _every_reply_queue_answered(world: World, record: Record) -> list[str]:
+    broken = []
+    accepted = _accepted(world)
+    for request in record.requests:
+        turn = (request.session_id, request.turn_id)
+        if turn not in accepted or request.reply_to is None:
+            continue
+        got = [decode(b, TurnResult) for b in world.replies.get(request.reply_to, [])]
+        if not any(
+            r.turn_id == request.turn_id and r.session_id == request.session_id for r in got
+        ):
+            broken.append(f"turn {turn}: no result reached its reply_to {request.reply_to}")
+    return broken
+
+
+def _queues_drain(world: World, record: Record) -> list[str]:
+    return [f"session {s}: turns {q} still queued" for s, q in world.memory.queues.items() if q]
+
+
+def _tools_run_once(world: World, record: Record) -> list[str]:
+    seen: dict[tuple[str, str, str], int] = defaultdict(int)
+    for x in world.tools.executions:
+        seen[x.session_id, x.turn_id, x.call_id] += 1
+    return [f"tool call {k} ran {n} times" for k, n in seen.items() if n > 1]
+
+
+def _sessions_apart(world: World, record: Record) -> list[str]:
+    """A session's history holds only its own (and its children's) tool results, and no model
+    was ever shown a forged child result."""
+    broken = []
+    for session, history in world.memory.histories.items():
+        for m in history:
+            for owner in _OWNER.findall(m.content or "") if m.role == "tool" else ():
+                if owner != session and not _child_of(world, owner, session):
+                    broken.append(
+                        f"session {session}'s history holds session {owner}'s tool result"
+                    )
+    return broken
+
+
+def _no_forgery(world: World, record: Record) -> list[str]:
+    """No model is ever shown a child result that no child produced."""
+    return [
+        f"agent {agent} was given a forged child result: {m.content!r:.120}"
+        for agent, request in world.model.requests
+        for m in request.messages
+        if m.role == "tool" and FORGED in (m.content or "")
+    ]
+
+
+def _child_of(world: World, child_session: str, session: str) -> bool:
+    """Whether ``child_session`` is a session of a child turn of a turn of ``session``."""
+    return any(
+        e.type == "child.started"
+        and e.session_id == session
+        and getattr(e.data, "session_id", None) == child_session
+        for e in world.events.events
+    )
+
+
+def _children_report_once(world: World, record: Record) -> list[str]:
+    broken = []
+    events = _by_turn(world)
+    for turn, evs in events.items():
+        started = {getattr(e.data, "call_id", "") for e in evs if e.type == "child.started"}
+        finished: dict[str, set[str]] = defaultdict(set)
+        for e in evs:
+            if e.type == "child.finished":
+                finished[getattr(e.data, "call_id", "")].add(e.id)
+        ended = any(e.type in FINISH_TYPES for e in evs)
+        for call in started:
+            n = len(finished[call])
+            if n > 1 or (n == 0 and not _ended_early(evs)):
+                broken.append(f"turn {turn}: child of {call} reported {n} times (ended={ended})")
+    # a child's tools never run after its parent's turn ended
+    results = _results(world)
+    for x in world.tools.executions:
+        parent = _parent_of(world, x.session_id, x.turn_id)
+        if parent is not None and parent in results and results[parent].completed_at < x.at:
+            broken.append(f"child {x.turn_id} ran {x.tool} after its parent {parent} had ended")
+    return broken
+
+
+def _ended_early(evs: list[Event]) -> bool:
+    """A parent that ended (cancelled, failed) before a child reported need not hear of it."""
+    return any(e.type in ("turn.cancelled", "turn.failed") for e in evs)
+
+
+def _parent_of(world: World, session: str, turn: str) -> tuple[str, str] | None:
+    for e in world.events.events:
+        if (
+            e.type == "child.started"
+            and getattr(e.data, "turn_id", None) == turn
+            and getattr(e.data, "session_id", None) == session
+            and e.session_id
+            and e.turn_id
+        ):
+            return (e.session_id, e.turn_id)
+    return None
+
+
+def _cancels_applied(world: World, record: Record) -> list[str]:
+    results = _results(world)
+    return [
+        f"turn {turn} was cancelled while it ran but ended {results[turn].finish_reason}"
+        for turn in sorted(record.cancels)
+        if turn in results and results[turn].finish_reason != "cancelled"
+    ]
+
+
+def _approvals(world: World, record: Record) -> list[str]:
+    """An approval's wait ends neither before its ``until`` nor after the turn's deadline."""
+    broken = []
+    requests = {(r.session_id, r.turn_id): r for r in record.requests}
+    until_of: dict[tuple[str | None, str | None, str], float] = {}
+    for e in world.events.events:
+        call = getattr(e.data, "call_id", "")
+        if e.type == "approval.requested" and getattr(e.data, "until", None) is not None:
+            until_of[e.session_id, e.turn_id, call] = e.data.until  # type: ignore[union-attr]
+        if e.type == "approval.decided" and getattr(e.data, "by", None) == "timeout":
+            until = until_of.get((e.session_id, e.turn_id, call))
+            if until is not None and e.time < until:
+                broken.append(
+                    f"turn {e.turn_id}: call {call} rejected by timeout {until - e.time:.1f} s"
+                    " before its until"
+                )
+        if e.type == "approval.requested":
+            until = getattr(e.data, "until", None)
+            request = requests.get((e.session_id or "", e.turn_id or ""))
+            if request and request.deadline and until and until > request.deadline:
+                broken.append(
+                    f"turn {e.turn_id} parked for approval until {until - request.deadline:.0f}"
+                    " s past its deadline"
+                )
+    return broken
+
+
+def _approved_children(world: World, record: Record) -> list[str]:
+    """A sub-agent call under approval starts its child only once approved."""
+    broken = []
+    requests = {(r.session_id, r.turn_id): r for r in record.requests}
+    for e in world.events.events:
+        if e.type == "child.started" and e.turn_id:
+            call = getattr(e.data, "call_id", "")
+            parent = (e.session_id or "", e.turn_id)
+            request = requests.get(parent)
+            if request and request.agent == "boss" and (e.turn_id, call) not in record.approved:
+                broken.append(f"turn {parent}: child of {call} started without an approval")
+    return broken
+
+
+def _keys_expire(world: World, record: Record) -> list[str]:
+    return [f"key {k} never expires" for k in world.memory.keys.without_expiry()]
+
+
+def _daily_spend(world: World, record: Record) -> list[str]:
+    """Every model call counts once in the agents' daily spend."""
+    counted = sum(s.total_tokens for s in world.memory.spend.values())
+    results = _results(world)
+    roots = sum(r.usage.total_tokens for r in results.values() if r.parent is None)
+    if counted > roots:
+        return [f"the agents' daily spend counts {counted} tokens, the turns spent {roots}"]
+    return []
+
+
+def _rejections(world: World, record: Record) -> list[str]:
+    """A turn announced rejected was never accepted, and one turn id is one session's."""
+    broken = []
+    accepted = _accepted(world)
+    for e in world.events.events:
+        if e.type == "turn.rejected" and (e.session_id, e.turn_id) in accepted:
+            broken.append(f"turn {(e.session_id, e.turn_id)} was accepted, then announced rejected")
+    owners: dict[str, set[str]] = defaultdict(set)
+    for session, turn in accepted:
+        owners[turn].add(session)
+    broken += [
+        f"turn id {t} was accepted in sessions {sorted(s)}" for t, s in owners.items() if len(s) > 1
+    ]
+    return broken
+
+
+CHECKS = _checks()
