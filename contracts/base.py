@@ -68,7 +68,7 @@ class Contract(BaseModel):
     keep a set of their names in every instance, and a worker holds many contract instances per
     turn while the model thinks. All contracts share one read-only empty set instead, copies
     included (``model_copy``). A contract that needs its fields-set
-    (``worker.agents.AgentProfile``) overrides ``model_post_init``."""
+    (``worker.profiles.agents.AgentProfile``) overrides ``model_post_init``."""
 
     model_config = ConfigDict(
         frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False

@@ -22,28 +22,28 @@ from contracts.runtime.health import HealthServer
 from contracts.runtime.redis_client import RedisUnreachableError, check, redis_client
 from contracts.runtime.tls import TlsConfigError
 from contracts.runtime.tracer_setup import start_tracing
-from worker import collector
-from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import ProfileError
-from worker.heap import HeapTrimmer, malloc_trim
-from worker.hooksets import HookSets
 from worker.loop import Loop
 from worker.loop.streaming import StreamSettings
-from worker.metrics import CountingSink, WorkerMetrics, build_info
 from worker.model.providers import build_models, check_providers, endpoints
-from worker.profile_source import ProfileSource
-from worker.ratelimit import RedisRateLimiter
+from worker.model.ratelimit import RedisRateLimiter
+from worker.profiles.agents import AgentProfile, AgentProfiles
+from worker.profiles.hooksets import HookSets
+from worker.profiles.source import ProfileSource
 from worker.redaction import REDACT
 from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
-from worker.sequencer import SessionSequencer
+from worker.runtime import collector
+from worker.runtime.heap import HeapTrimmer, malloc_trim
+from worker.runtime.metrics import CountingSink, WorkerMetrics, build_info
+from worker.runtime.tracing import Tracing
+from worker.sequencing.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
 from worker.session.memories import SessionMemories
 from worker.session.port import StepSession
 from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
 from worker.settings import Settings, price_table
-from worker.tracing import Tracing
 from worker.transport.broker_gate import BrokerGate
 from worker.transport.catalog import RegistryCatalog
 from worker.transport.consumer import Consumer

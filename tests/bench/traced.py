@@ -75,7 +75,7 @@ def main() -> None:
 
 def _census() -> dict[str, tuple[int, int]]:
     """Live objects the collector tracks, by type: count and shallow size, what the worker froze
-    at startup (``worker.collector``) included."""
+    at startup (``worker.runtime.collector``) included."""
     counts: dict[str, tuple[int, int]] = {}
     # get_objects does not list frozen objects; they stay with the others from here on (freezing
     # again would freeze the turns in flight too, and keep their garbage for good)

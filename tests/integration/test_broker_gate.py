@@ -16,9 +16,9 @@ from contracts import topology as t
 from contracts.codec import encode
 from contracts.work import StepWork
 from harness import AMQP_URL
-from worker.actions import Action
 from worker.loop import EventSink
-from worker.sequencer import SessionSequencer
+from worker.sequencing.actions import Action
+from worker.sequencing.sequencer import SessionSequencer
 from worker.transport.consumer import Consumer
 from worker.transport.publish import ConfirmedPublisher
 

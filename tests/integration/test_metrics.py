@@ -37,12 +37,12 @@ from harness import (
     session_history,
     write_agents,
 )
-from worker.agents import AgentProfile
 from worker.errors import ToolUnavailableError
 from worker.loop import Blocked, Hook, HookContext, Loop, ToolInvocation
 from worker.loop.ports import LoopObserver
-from worker.metrics import WorkerMetrics, package_version
 from worker.model.adapter import OpenAIModel
+from worker.profiles.agents import AgentProfile
+from worker.runtime.metrics import WorkerMetrics, package_version
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog
 from worker.testing.scripted_model import Reply, ScriptedModel
 

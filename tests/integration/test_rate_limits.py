@@ -7,7 +7,7 @@ import pytest
 from redis.asyncio import Redis
 
 from contracts.messages import ChatMessage
-from worker.ratelimit import RedisRateLimiter, estimate_tokens
+from worker.model.ratelimit import RedisRateLimiter, estimate_tokens
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ from contracts.control import TurnCancel, TurnDecision
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse, PendingStep, Spend
 from contracts.turns import InputMessage, TurnError, TurnRequest
-from worker.agents import AgentProfile
 from worker.errors import StaleStateError
 from worker.loop.approvals import parked
 from worker.loop.turn import closed, new_execution, turn_result, with_execution
+from worker.profiles.agents import AgentProfile
 from worker.session.port import SessionStore, StepSession
 from worker.session.store import RedisStore
 from worker.testing.memory import MemoryStore

@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 from contracts import keys
 from contracts.state import AgentState, PendingStep
 from contracts.turns import InputMessage, TurnRequest
-from worker.agents import AgentProfile
 from worker.loop.turn import new_execution
+from worker.profiles.agents import AgentProfile
 from worker.session.store import RedisStore, StateFormat
 
 

@@ -14,11 +14,11 @@ from redis.asyncio import Redis
 from contracts.tools import ToolDefinition
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 from contracts.work import StepWork
-from worker.actions import Action, Step
 from worker.loop import Hook, HookContext
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelHttpClient
-from worker.sequencer import SessionSequencer
+from worker.sequencing.actions import Action, Step
+from worker.sequencing.sequencer import SessionSequencer
 from worker.session.store import RedisStore
 from worker.testing.memory import FunctionTools, ListSink
 from worker.testing.replies import Reply

@@ -14,7 +14,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from tool_services.metrics import ToolServiceMetrics
-from worker.metrics import WorkerMetrics
+from worker.runtime.metrics import WorkerMetrics
 
 PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 

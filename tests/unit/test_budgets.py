@@ -13,9 +13,9 @@ from contracts.messages import ChatMessage, ToolCall, Usage
 from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import Budget, InputMessage, TurnRequest, TurnResult
-from worker.actions import Reply, Step
-from worker.agents import AgentProfile
-from worker.sequencer import SessionSequencer
+from worker.profiles.agents import AgentProfile
+from worker.sequencing.actions import Reply, Step
+from worker.sequencing.sequencer import SessionSequencer
 from worker.testing.broker import ScriptedAnswers
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore
 from worker.testing.sequencing import sequencer_over

@@ -11,10 +11,10 @@ import pytest
 from contracts.control import TurnCancel, TurnChildResult
 from contracts.state import ModelResponse, ToolExecution
 from tests.unit.world import Answer, calls, last_user, request, says, tool_results, world
-from worker.actions import Action, Control, Drop, Start, Step
-from worker.agents import AgentProfiles
 from worker.loop import Blocked, Hook, HookContext, ToolInvocation
 from worker.loop.ports import ModelRequest
+from worker.profiles.agents import AgentProfiles
+from worker.sequencing.actions import Action, Control, Drop, Start, Step
 
 # -- agents as tools ----------------------------------------------------------------------------
 

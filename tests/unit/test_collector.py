@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import gc, json, sys, weakref
-from worker.collector import tune
+from worker.runtime.collector import tune
 
 class Node:
     pass

@@ -29,7 +29,7 @@ from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from contracts.work import StepWork
-from worker.metrics import WorkerMetrics
+from worker.runtime.metrics import WorkerMetrics
 from worker.testing.broker import MemoryDelivery, MemoryPublisher, Published, ScriptedAnswers
 from worker.testing.memory import (
     FunctionTools,

@@ -53,7 +53,7 @@ from contracts.turns import (
 )
 from contracts.work import StepWork
 from tests.unit.event_samples import LATER_EVENT_DATA
-from worker.agents import AgentProfile
+from worker.profiles.agents import AgentProfile
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
 

@@ -26,8 +26,8 @@ from pydantic_settings import BaseSettings
 from tool_services.metrics import ToolServiceMetrics
 from tool_services.runner import load_factory
 from tool_services.settings import Settings as ToolSettings
-from worker.agents import AgentProfiles
-from worker.metrics import WorkerMetrics, build_info, package_version, sample_names
+from worker.profiles.agents import AgentProfiles
+from worker.runtime.metrics import WorkerMetrics, build_info, package_version, sample_names
 from worker.settings import Settings as WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.heap import HeapTrimmer, malloc_trim
+from worker.runtime.heap import HeapTrimmer, malloc_trim
 
 
 def rss_mb() -> float:

@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from tests.hook_fixtures.hooks import FailingAfterTool, StopAt
-from worker.agents import AgentProfiles
 from worker.errors import ProfileError
-from worker.hooksets import HookSets
 from worker.loop import Hooks
+from worker.profiles.agents import AgentProfiles
+from worker.profiles.hooksets import HookSets
 
 FIXTURES = "tests.hook_fixtures.hooks"
 

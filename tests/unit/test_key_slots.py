@@ -25,7 +25,7 @@ from contracts.turns import InputMessage, TurnRequest, TurnResult
 from tool_services.calls import CallStore, Claim, ClaimKind
 from tool_services.notes.service import FileNoteArgs, file_note
 from tool_services.sdk import CallContext
-from worker.ratelimit import RedisRateLimiter
+from worker.model.ratelimit import RedisRateLimiter
 from worker.redaction.vault import RedisVault
 from worker.session.handle import SessionHandle
 from worker.session.store import RedisStore
@@ -158,7 +158,7 @@ CASES: dict[str, tuple[str, Case]] = {
     "SAVE": ("worker/session/store.py", lambda r: _handle(r).save(_state(), result=_result())),
     "SAVE without a result": ("worker/session/store.py", lambda r: _handle(r).save(_state())),
     "ADMIT": (
-        "worker/ratelimit.py",
+        "worker/model/ratelimit.py",
         lambda r: RedisRateLimiter(
             r, endpoint="http://model/v1", requests_per_minute=60, tokens_per_minute=6000
         ).admit([], 100),

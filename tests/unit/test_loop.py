@@ -33,7 +33,6 @@ from contracts.turns import (
     TurnResult,
 )
 from tests.hook_fixtures.hooks import StopAt
-from worker.agents import AgentProfile
 from worker.errors import RetryableError, StaleStateError, ToolUnavailableError
 from worker.loop import (
     Blocked,
@@ -47,6 +46,7 @@ from worker.loop import (
 )
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelHttpClient
+from worker.profiles.agents import AgentProfile
 from worker.session.handle import ParkedState
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore, StaticCatalog, ToolFunction
 from worker.testing.scripted_model import Reply, ScriptedModel

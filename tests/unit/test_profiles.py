@@ -15,14 +15,14 @@ from contracts.messages import ChatMessage
 from contracts.state import AgentStep, ModelResponse
 from contracts.tools import ToolContext
 from tests.unit.world import calls, last_user, request, says, tool_results, world
-from worker.agents import AgentProfiles
 from worker.errors import ModelError
-from worker.guards import ContentGuard, ContentGuardConfig, ToolGuard, ToolGuardConfig
-from worker.hooksets import HookSets
 from worker.loop import Hook, HookContext
 from worker.loop.hooks import Hooks
 from worker.loop.ports import ModelRequest
 from worker.model.router import ModelRouter
+from worker.profiles.agents import AgentProfiles
+from worker.profiles.guards import ContentGuard, ContentGuardConfig, ToolGuard, ToolGuardConfig
+from worker.profiles.hooksets import HookSets
 
 
 def calls_tool(name: str, **arguments: Any) -> ModelResponse:

@@ -15,11 +15,11 @@ from pydantic import ValidationError
 from contracts.events import ToolInvoked
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
-from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import ProfileError, RetryableError
-from worker.hooksets import HookSets
 from worker.loop import Hook, Loop
 from worker.model.adapter import OpenAIModel
+from worker.profiles.agents import AgentProfile, AgentProfiles
+from worker.profiles.hooksets import HookSets
 from worker.redaction.checks import card_valid, iban_valid, luhn_valid
 from worker.redaction.config import RedactionConfig
 from worker.redaction.detectors import Detector

@@ -20,13 +20,13 @@ from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from contracts.work import StepWork
-from worker.actions import Busy, Delay, Drop, Reply, Step
-from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import ModelError
 from worker.loop import Hook, HookContext, Loop
 from worker.loop.hooks import ToolInvocation
 from worker.loop.ports import LoopObserver, ModelRequest
-from worker.sequencer import SessionSequencer
+from worker.profiles.agents import AgentProfile, AgentProfiles
+from worker.sequencing.actions import Busy, Delay, Drop, Reply, Step
+from worker.sequencing.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
 from worker.session.port import StepSession
 from worker.testing.broker import ScriptedAnswers

@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from contracts.messages import ChatMessage
 from contracts.state import ModelResponse
 from contracts.turns import InputMessage, TurnRequest, TurnResult
-from worker.actions import Reply, Step
-from worker.agents import AgentProfile
 from worker.errors import PermanentError
+from worker.profiles.agents import AgentProfile
+from worker.sequencing.actions import Reply, Step
 from worker.testing.broker import ScriptedAnswers
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore
 from worker.testing.sequencing import sequencer_over

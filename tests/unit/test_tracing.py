@@ -18,7 +18,7 @@ from contracts.runtime.tracer_setup import ChosenIds
 from contracts.runtime.tracing import configured
 from contracts.tools import ToolContext
 from worker.loop.ports import ModelRequest
-from worker.tracing import Tracing
+from worker.runtime.tracing import Tracing
 
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"

@@ -16,14 +16,14 @@ from contracts.messages import ChatMessage, ToolCall, Usage
 from contracts.state import ModelResponse
 from contracts.tools import ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
-from worker.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step
-from worker.agents import AgentProfiles
 from worker.loop import Hook
 from worker.loop.ports import ModelRequest
-from worker.sequencer import SessionSequencer
+from worker.profiles.agents import AgentProfiles
+from worker.runtime.tracing import Tracing
+from worker.sequencing.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step
+from worker.sequencing.sequencer import SessionSequencer
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore, ToolFunction
 from worker.testing.sequencing import sequencer_over
-from worker.tracing import Tracing
 
 Answer = Callable[[ModelRequest], ModelResponse]
 

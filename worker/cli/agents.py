@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from worker.agents import AgentProfile
 from worker.errors import CliError, ProfileError
+from worker.profiles.agents import AgentProfile
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -23,7 +23,7 @@ EXIT_INVALID = 2
 
 def _loaded(path: Path) -> list[AgentProfile]:
     from worker.model.providers import endpoints
-    from worker.profile_source import check_file
+    from worker.profiles.source import check_file
     from worker.settings import Settings
 
     try:

@@ -11,7 +11,6 @@ from typing import Any
 
 from contracts.messages import ChatMessage
 from contracts.state import AgentState, ContextSummary
-from worker import failpoints
 from worker.errors import ModelError
 from worker.loop.context import (
     NO_CONTEXT_BUDGET,
@@ -27,6 +26,7 @@ from worker.loop.ports import Model, ModelRequest, Price
 from worker.loop.spec import AgentSpec
 from worker.loop.transcript import StoredMessages, Transcript
 from worker.loop.turn import turn_of, with_execution
+from worker.runtime import failpoints
 
 log = logging.getLogger("loopwire.loop")
 

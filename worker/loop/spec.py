@@ -1,7 +1,7 @@
 """What the loop needs to know of an agent: its prompt, model settings, tools and limits.
 
 The loop takes an ``AgentSpec`` and a ``Hook``; where the spec comes from (an agents file, a
-profile with hook sets and their configuration) is the worker's business (``worker.agents``).
+profile with hook sets and their configuration) is the worker's business (``worker.profiles.agents``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Templates name the turn's input ``{input}``, an earlier node's answer ``{<id>}``
 its structured output ``{<id>.<field>}``; a loop's node also ``{previous}`` and ``{round}``,
 a parallel join ``{answers}``. A node that fails (its turn ends with an error, is cancelled or
 stops at its iteration cap) fails the workflow turn (``node_failed``): there is no model to
-read the error. A workflow is checked when the agents file loads (``worker.agents``).
+read the error. A workflow is checked when the agents file loads (``worker.profiles.agents``).
 """
 
 from __future__ import annotations

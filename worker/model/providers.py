@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable, Mapping
 import httpx2
 from openai import AsyncOpenAI
 
-from worker.agents import AgentProfile
 from worker.errors import ProfileError
 from worker.loop.ports import Model
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelClient, ModelHttpClient
 from worker.model.router import DEFAULT, ModelRouter, OnFallback
+from worker.profiles.agents import AgentProfile
 from worker.settings import ModelSettings, ProviderSettings, Settings
 
 

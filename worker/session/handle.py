@@ -1,15 +1,17 @@
 """One leased step's hold on a session in Redis (``SessionHandle``, the loop's ``StateStore``):
 the state read with the lease, the state parked as its stored bytes while the model thinks,
 and the save script that fences every write. ``RedisStore`` (``worker.session.store``) hands
-them out.
+them out; a handle knows of it only what ``HandleStore`` says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
-import msgpack
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from contracts import keys
@@ -18,13 +20,23 @@ from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
 from contracts.turns import TurnResult
-from worker import failpoints
 from worker.errors import StaleStateError
 from worker.loop.transcript import StoredMessages
-from worker.session.port import Opening, list_waiting
+from worker.runtime import failpoints
+from worker.session.blobs import _bytes, _unpack
+from worker.session.port import Opening, SessionStore, list_waiting
 
-if TYPE_CHECKING:
-    from worker.session.store import RedisStore
+
+class HandleStore(SessionStore, Protocol):
+    """What a handle uses of the store that hands it out (``RedisStore``)."""
+
+    redis: Redis
+    ttl_s: int
+    _save: AsyncScript
+
+    def timed(self, operation: str) -> AbstractContextManager[object]: ...
+
+    def encode_state(self, state: AgentState) -> bytes: ...
 
 
 class ParkedState:
@@ -75,7 +87,7 @@ class SessionHandle:
 
     def __init__(
         self,
-        store: RedisStore,
+        store: HandleStore,
         session_id: str,
         token: int,
         state: AgentState | None,
@@ -241,19 +253,3 @@ def _failpoint_after_save(state: AgentState, append: Sequence[ChatMessage]) -> N
         not append and ex is not None and ex.pending is not None and ex.pending.results
     ):
         failpoints.hit("tool_result_saved")
-
-
-def _unpack(chunks: Sequence[bytes | str]) -> list[dict[str, Any]]:
-    """Stored messages as plain data. Each chunk holds one or more whole messages; they are ours
-    (validated when saved), so they are not validated again on every step."""
-    out: list[dict[str, Any]] = []
-    for chunk in chunks:
-        data = _bytes(chunk)
-        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
-        unpacker.feed(data)
-        out.extend(unpacker)
-    return out
-
-
-def _bytes(value: bytes | str) -> bytes:
-    return value if isinstance(value, bytes) else value.encode()

@@ -1,5 +1,5 @@
 """A deleted session's memories, forgotten in the memory service's database (the session's
-deletion, ``worker.erasure``, calls ``forget``)."""
+deletion, ``worker.sequencing.erasure``, calls ``forget``)."""
 
 from __future__ import annotations
 

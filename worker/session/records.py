@@ -22,7 +22,7 @@ from contracts.sessions import SessionSummary, TurnInfo, TurnStatus
 from contracts.state import AgentState
 from contracts.turns import TurnResult
 from worker.loop.transcript import StoredMessages
-from worker.session.handle import _bytes, _unpack
+from worker.session.blobs import _bytes, _unpack
 
 SCAN_COUNT = 500
 

@@ -53,7 +53,8 @@ from contracts.state import AgentState, Spend
 from contracts.turns import TurnRequest, TurnResult
 from worker.loop.transcript import StoredMessages
 from worker.session import scripts
-from worker.session.handle import SessionHandle, _bytes, _unpack
+from worker.session.blobs import _bytes, _unpack
+from worker.session.handle import SessionHandle
 from worker.session.port import (
     RENEWALS,
     Accepted,

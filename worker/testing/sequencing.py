@@ -8,15 +8,15 @@ from collections.abc import Callable, Sequence
 
 from contracts.events import DEFAULT_EVENTS
 from contracts.tools import ToolDefinition
-from worker.agents import AgentProfile, AgentProfiles
 from worker.loop import EventSink, Hook, Loop, Model, ToolCaller
 from worker.loop.ports import LoopObserver, Price, SpendLedger, free
-from worker.sequencer import SessionSequencer
+from worker.profiles.agents import AgentProfile, AgentProfiles
+from worker.runtime.tracing import Tracing
+from worker.sequencing.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore, StepSession
 from worker.settings import ModelSettings
 from worker.testing.memory import StaticCatalog
-from worker.tracing import Tracing
 
 
 def sequencer_over(

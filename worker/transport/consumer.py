@@ -47,12 +47,12 @@ from contracts.runtime.tracing import header_traceparent, header_tracestate
 from contracts.sessions import SessionDelete
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
-from worker import failpoints
-from worker.actions import Action, Answer, Busy, Control, Delay, Drop, Reply, Start, Step
 from worker.errors import PermanentError, RetryableError, StaleStateError
 from worker.loop import EventSink
-from worker.metrics import WorkerMetrics
-from worker.sequencer import SessionSequencer
+from worker.runtime import failpoints
+from worker.runtime.metrics import WorkerMetrics
+from worker.sequencing.actions import Action, Answer, Busy, Control, Delay, Drop, Reply, Start, Step
+from worker.sequencing.sequencer import SessionSequencer
 from worker.transport.outbox import Outbox
 from worker.transport.publish import Publisher, properties
 

@@ -15,7 +15,7 @@ from contracts.codec import encode
 from contracts.control import TurnChildResult
 from contracts.runtime.tracing import TRACEPARENT, TRACESTATE
 from contracts.work import StepWork
-from worker.actions import Answer, Control, Delay, Reply, Start, Step
+from worker.sequencing.actions import Answer, Control, Delay, Reply, Start, Step
 from worker.transport.publish import Publisher, properties
 
 

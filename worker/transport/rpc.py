@@ -43,8 +43,8 @@ from contracts.codec import DecodeError, decode, encode
 from contracts.runtime.tracing import inject
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE
-from worker import failpoints
 from worker.errors import RetryableError, ToolCallError, ToolUnavailableError
+from worker.runtime import failpoints
 from worker.transport.publish import ConfirmedPublisher, properties
 
 log = logging.getLogger("loopwire.rpc")

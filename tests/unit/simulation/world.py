@@ -31,9 +31,9 @@ from contracts.tools import (
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
 from tests.unit.simulation.faults import Crash, Faults, FaultyStore
-from worker.agents import AgentProfiles
 from worker.loop.ports import ModelRequest
-from worker.metrics import WorkerMetrics
+from worker.profiles.agents import AgentProfiles
+from worker.runtime.metrics import WorkerMetrics
 from worker.testing.broker import MemoryDelivery, MemoryPublisher, Published
 from worker.testing.memory import ListSink, MemoryStore
 from worker.testing.sequencing import sequencer_over

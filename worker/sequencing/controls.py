@@ -2,7 +2,7 @@
 ``turn.cancel``, ``turn.decision`` and ``turn.child_result`` are recorded beside the turn
 (once each: a copy is a no-op) and applied under the session's lease by the step they wake; a
 parked turn's step merges what was recorded (decisions, child results) or, at its timeout,
-what the timeout decides. ``SessionSequencer`` (``worker.sequencer``) mixes it in.
+what the timeout decides. ``SessionSequencer`` (``worker.sequencing.sequencer``) mixes it in.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from contracts.events import ChildFinished
 from contracts.state import AgentState, StopSignal
 from contracts.turns import TurnRequest, TurnResult
 from contracts.work import StepWork
-from worker import failpoints
-from worker.actions import Action, Delay, Drop, Reply, Start, Step, wake
-from worker.agents import AgentProfile, ProfileLookup
 from worker.loop import EventSink, Finished, Loop, Waiting, new_execution
 from worker.loop.announce import announce
 from worker.loop.approvals import timed_out, with_decisions
 from worker.loop.children import with_child_results
 from worker.loop.ports import LoopObserver, observe
 from worker.loop.turn import turn_of, turn_result, with_execution
+from worker.profiles.agents import AgentProfile, ProfileLookup
+from worker.runtime import failpoints
+from worker.runtime.tracing import Tracing
+from worker.sequencing.actions import Action, Delay, Drop, Reply, Start, Step, wake
 from worker.session.port import SessionStore, StepSession
-from worker.tracing import Tracing
 
 log = logging.getLogger("loopwire.sequencer")
 

@@ -67,7 +67,7 @@ class AgentProfile(AgentSpec):
 
 class ProfileLookup(Protocol):
     """Where a worker finds an agent's profile: ``AgentProfiles``, or the profiles a running
-    worker reloads (``worker.profile_source.ProfileSource``)."""
+    worker reloads (``worker.profiles.source.ProfileSource``)."""
 
     def get(self, name: str) -> AgentProfile | None: ...
 

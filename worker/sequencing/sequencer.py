@@ -12,7 +12,7 @@ only the head runs, and the worker that finishes it kicks the next one (the
 finish and the pop are one script). A worker that finds the session leased by
 another worker does not wait: the message goes to the delay queue (``Busy``).
 
-Control messages and parked turns are handled by the ``Controls`` half (``worker.controls``).
+Control messages and parked turns are handled by the ``Controls`` half (``worker.sequencing.controls``).
 A child turn's end sends its result to its parent (``turn.child_result``); a turn that ends
 while children are out cancels them (``turn.cancel``).
 
@@ -33,8 +33,15 @@ from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make
 from contracts.state import ExecutionState, TurnTrace
 from contracts.turns import TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
-from worker import failpoints
-from worker.actions import (
+from worker.errors import PermanentError
+from worker.loop import EventSink, Finished, Loop, StepOutcome, Waiting, new_execution
+from worker.loop.output import check_schema
+from worker.loop.ports import LoopObserver
+from worker.loop.turn import turn_of
+from worker.profiles.agents import AgentProfile, ProfileLookup
+from worker.runtime import failpoints
+from worker.runtime.tracing import Tracing
+from worker.sequencing.actions import (
     Action,
     Busy,
     Drop,
@@ -44,18 +51,11 @@ from worker.actions import (
     first_step,
     to_parent,
 )
-from worker.agents import AgentProfile, ProfileLookup
-from worker.controls import Controls
-from worker.erasure import Erasure, Forget
-from worker.errors import PermanentError
-from worker.loop import EventSink, Finished, Loop, StepOutcome, Waiting, new_execution
-from worker.loop.output import check_schema
-from worker.loop.ports import LoopObserver
-from worker.loop.turn import turn_of
+from worker.sequencing.controls import Controls
+from worker.sequencing.erasure import Erasure, Forget
 from worker.session.leases import LeaseKeeper
 from worker.session.port import Opening, SessionStore, StepSession
 from worker.session.records import SessionRecords
-from worker.tracing import Tracing
 
 log = logging.getLogger("loopwire.sequencer")
 

@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from contracts.control import TurnCancel
 from contracts.events import UNKNOWN, SessionDeleted, make_event
 from contracts.sessions import SessionDelete, SessionReply
-from worker.actions import Action, Answer, Busy
 from worker.loop import EventSink
+from worker.sequencing.actions import Action, Answer, Busy
 from worker.session.port import SessionStore
 from worker.session.records import SessionRecords
 

@@ -1,5 +1,5 @@
 """Hook sets an agent profile enables: a built-in name (``"redact"``, ``"tool_guard"``,
-``"content_guard"``: ``worker.guards``) or an import path.
+``"content_guard"``: ``worker.profiles.guards``) or an import path.
 
 An import path names a ``Hook`` subclass, ``"mypkg.guards:NoRefunds"``. If the class has
 a ``Config`` attribute (a pydantic model), the profile's ``hook_config`` block for that
@@ -21,10 +21,10 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ValidationError
 
-from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import ProfileError
-from worker.guards import BUILT_IN
 from worker.loop.hooks import Hook, Hooks
+from worker.profiles.agents import AgentProfile, AgentProfiles
+from worker.profiles.guards import BUILT_IN
 from worker.redaction import REDACT
 from worker.redaction.service import Redaction
 

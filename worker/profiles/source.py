@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
-from worker.agents import AgentProfile, AgentProfiles
 from worker.errors import ProfileError
-from worker.hooksets import HookSets
+from worker.profiles.agents import AgentProfile, AgentProfiles
+from worker.profiles.hooksets import HookSets
 from worker.redaction import REDACT
 from worker.redaction.config import RedactionConfig
 from worker.redaction.service import Redaction
