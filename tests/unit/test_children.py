@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from contracts.control import TurnCancel, TurnChildResult
+from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.state import ModelResponse, ToolExecution
 from tests.unit.world import Answer, calls, last_user, request, says, tool_results, world
 from worker.actions import Action, Control, Drop, Start, Step
@@ -127,6 +127,31 @@ async def test_calls_to_sub_agents_pass_the_tool_hooks() -> None:
     result = w.result("T1")
     assert result.content == 'wrote to mail <EMAIL_1> | {"error": "blocked: no writing today"}'
     assert not w.model.asked("writer") and len(w.starts()) == 1
+
+
+def decide(call_id: str, verdict: str, **fields: Any) -> TurnDecision:
+    return TurnDecision(
+        turn_id="T1", session_id="S1", call_id=call_id, decision=verdict, by="maria", **fields
+    )
+
+
+async def test_decisions_on_sub_agent_calls_are_applied_before_a_child_starts() -> None:
+    approving = {"agents": [{**TEAM["agents"][0], "approval": ["*"]}, *TEAM["agents"][1:]]}
+    w = world(approving, TEAM_ANSWERS)
+    await w.run(request("lead", "go"))
+    assert not w.starts(), "the calls wait for their decisions"
+    await w.drive(await w.sequencer.on_decision(decide("call_0", "reject", message="not now")))
+    edited = decide("call_1", "edit", arguments={"input": "draft C"})
+    await w.drive(await w.sequencer.on_decision(edited))
+    # the rejected call started no child; the edited one ran with the edited input
+    assert [c.agent for c in w.starts()] == ["writer"]
+    assert not w.model.asked("researcher")
+    assert last_user(w.model.asked("writer")[0]) == "draft C"
+    result = w.result("T1")
+    rejected = json.dumps({"error": "rejected by maria: not now"})
+    assert result.content == f"combined: {rejected} | text for draft C"
+    invoked = [e for e in w.events.events if e.type == "tool.invoked" and e.turn_id == "T1"]
+    assert [(e.data.call_id, e.data.outcome) for e in invoked] == [("call_0", "blocked")]  # type: ignore[union-attr]
 
 
 async def test_a_failing_child_comes_back_as_an_error() -> None:

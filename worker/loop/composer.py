@@ -6,8 +6,9 @@ of the state (``worker.loop.children``).
 
 The gate, for the calls of a step that name a sub-agent (a workflow's every call):
 
-1. first time: each call gets its child turn (or an error result: bad arguments, the depth
-   limit, a spent budget); the turn is saved parked (``children`` wait, until its deadline),
+1. first time: each call gets its child turn, with a reviewer's edited arguments if any (or
+   an error result: a reviewer's rejection, a blocking hook, bad arguments, the depth limit,
+   a spent budget); the turn is saved parked (``children`` wait, until its deadline),
    ``child.started`` is announced for each, and the step asks for the requests to be
    published (``Waiting.start``);
 2. parked: the results recorded so far are merged in by the worker that woke it
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from contracts.events import ChildStarted
 from contracts.messages import ChatMessage, ToolCall
@@ -43,6 +45,7 @@ from worker.loop.hooks import Blocked, HookContext, ToolInvocation
 from worker.loop.outcomes import Finished, RunAgain, StepOutcome, Waiting
 from worker.loop.ports import observe
 from worker.loop.spec import AgentSpec
+from worker.loop.tool_calls import Refused, call_arguments, error_content
 from worker.loop.turn import turn_of, with_execution
 from worker.loop.workflow import Done, NodeFailed, input_text, plan, rounds_of
 
@@ -133,9 +136,10 @@ class Composer(Fitting):
     async def _passed(
         self, state: AgentState, agent: AgentSpec, calls: Sequence[ToolCall], now: float
     ) -> tuple[list[ToolCall], list[ToolExecution]]:
-        """The calls to sub-agents through the ``before_tool`` hooks, like calls to tools: with
-        the arguments the hooks give (placeholders restored), or blocked. A workflow's calls
-        are its own: they pass as they are."""
+        """The calls to sub-agents through a reviewer's decision and the ``before_tool`` hooks,
+        like calls to tools: with the edited arguments, if any, as the hooks give them
+        (placeholders restored), or blocked (rejected, or by a hook). A workflow's calls are its
+        own: they pass as they are."""
         if agent.workflow is not None or not calls:
             return list(calls), []
         ex = turn_of(state)
@@ -143,31 +147,18 @@ class Composer(Fitting):
         ctx = HookContext(state=state, agent=agent, step=ex.pending.index)
         passed, blocked = [], []
         for call in calls:
-            try:
-                arguments = json.loads(call.arguments or "{}")
-            except ValueError:
-                passed.append(call)  # refused by plan_children, with the reason
-                continue
-            if not isinstance(arguments, dict):
-                passed.append(call)
+            arguments = call_arguments(call, ex.pending)
+            if isinstance(arguments, Refused):
+                if arguments.outcome == "blocked":  # rejected by a reviewer
+                    blocked.append(_blocked(call, arguments.given, arguments.error, now))
+                else:
+                    passed.append(call)  # refused by plan_children, with the reason
                 continue
             decision = await self.hooks.before_tool(
                 ctx, ToolInvocation(call.id, call.name, arguments)
             )
             if isinstance(decision, Blocked):
-                error = f"blocked: {decision.reason}"
-                blocked.append(
-                    ToolExecution(
-                        call_id=call.id,
-                        name=call.name,
-                        arguments=arguments,
-                        outcome="blocked",
-                        error=error,
-                        content=json.dumps({"error": error}, ensure_ascii=False),
-                        started_at=now,
-                        completed_at=now,
-                    )
-                )
+                blocked.append(_blocked(call, arguments, f"blocked: {decision.reason}", now))
             else:
                 given = json.dumps(decision.arguments, ensure_ascii=False)
                 passed.append(call if given == call.arguments else replace_args(call, given))
@@ -250,3 +241,19 @@ class Composer(Fitting):
 
 def replace_args(call: ToolCall, arguments: str) -> ToolCall:
     return call.model_copy(update={"arguments": arguments})
+
+
+def _blocked(
+    call: ToolCall, arguments: dict[str, Any] | None, error: str, now: float
+) -> ToolExecution:
+    """A call to a sub-agent that starts no child: its error result for the model."""
+    return ToolExecution(
+        call_id=call.id,
+        name=call.name,
+        arguments=arguments,
+        outcome="blocked",
+        error=error,
+        content=error_content(error),
+        started_at=now,
+        completed_at=now,
+    )
