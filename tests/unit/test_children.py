@@ -245,6 +245,25 @@ async def test_children_spend_the_parents_budget() -> None:
     assert budgets == sorted(budgets, reverse=True)
 
 
+async def test_a_recursive_tree_counts_each_model_call_once_in_its_agents_day() -> None:
+    def recurse(request: ModelRequest) -> ModelResponse:
+        results = tool_results(request)
+        return calls(("echo", "deeper")) if not results else says("got " + results[0])
+
+    daily = {"max_total_tokens": 45}
+    profiles = {
+        "agents": [{"name": "echo", "agents": ["echo"], "max_depth": 1, "daily_budget": daily}]
+    }
+    w = world(profiles, {"echo": recurse}, daily=True)
+    await w.run(request("echo", "top"))
+    # two calls each for the parent and its child (10 tokens a call): 40 in all, so the
+    # parent's last call (30 spent before it) is within the day's 45
+    assert len(w.model.requests) == 4
+    assert w.result("T1").finish_reason == "stop"
+    assert w.result("T1").usage.total_tokens == 40, "the parent's result still rolls up"
+    assert w.store.spend["echo"].total_tokens == 40
+
+
 # -- workflows ----------------------------------------------------------------------------------
 
 CLASSIFY = {

@@ -156,9 +156,11 @@ def world(
     store: MemoryStore | None = None,
     announced: frozenset[str] | None = None,
     tracing: Tracing | None = None,
+    daily: bool = False,
 ) -> World:
     """``tools``: functions the agents may call, each offered as a tool taking any arguments;
-    ``store``: an earlier world's (its sessions go on)."""
+    ``store``: an earlier world's (its sessions go on); ``daily``: the store keeps the agents'
+    daily spend (daily budgets are checked)."""
     for agent in profiles.get("agents", []):
         agent.setdefault("system_prompt", f"agent:{agent['name']}")
     loaded = AgentProfiles.model_validate(profiles)
@@ -173,6 +175,7 @@ def world(
         hooks=hooks,
         announced=announced,
         tracing=tracing,
+        ledger=store if daily else None,
     )
     return World(sequencer, store, model, events)
 

@@ -12,7 +12,8 @@ The parent parks with a ``children`` wait; each child's ``TurnResult`` comes bac
 ``turn.child_result`` control message and is recorded like a tool result of its call
 (``with_child_results``): the answer, or its structured output, for a child that answered;
 ``{"error": ...}`` for one that failed, was cancelled or stopped at its iteration cap. Its
-usage and cost are added to the parent's, so the parent's budgets and result count them.
+usage and cost are added to the parent's, so the parent's budgets and result count them (but
+not the parent agent's day: the child's own agent's day counts them, once).
 A call deeper than the caller's ``max_depth`` is answered with an error and starts nothing.
 """
 
@@ -154,10 +155,20 @@ def with_child_results(
         return state, []
     executions = tuple(child_execution(child, result, wait.since) for child, result in fresh)
     usage, cost = ex.usage, ex.cost_usd
+    tokens, children_cost = ex.children_tokens, ex.children_cost_usd
     for _, result in fresh:
         usage, cost = usage + result.usage, cost + result.cost_usd
+        tokens += result.usage.total_tokens
+        children_cost += result.cost_usd
     merged = pending.model_copy(update={"results": (*pending.results, *executions)})
-    return with_execution(state, pending=merged, usage=usage, cost_usd=cost), fresh
+    return with_execution(
+        state,
+        pending=merged,
+        usage=usage,
+        cost_usd=cost,
+        children_tokens=tokens,
+        children_cost_usd=children_cost,
+    ), fresh
 
 
 def child_execution(child: ChildTurn, result: TurnResult, started: float) -> ToolExecution:
