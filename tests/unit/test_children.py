@@ -9,12 +9,16 @@ from typing import Any
 import pytest
 
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
+from contracts.messages import ChatMessage
 from contracts.state import ModelResponse, ToolExecution
 from tests.unit.world import Answer, calls, last_user, request, says, tool_results, world
 from worker.actions import Action, Control, Drop, Start, Step
 from worker.agents import AgentProfiles
 from worker.loop import Blocked, Hook, HookContext, ToolInvocation
 from worker.loop.ports import ModelRequest
+from worker.redaction.config import RedactionConfig
+from worker.redaction.service import Redaction
+from worker.redaction.vault import MemoryVault
 
 # -- agents as tools ----------------------------------------------------------------------------
 
@@ -96,37 +100,86 @@ async def test_a_redone_parent_step_starts_no_second_child() -> None:
 
 
 class Guard(Hook):
-    """Restores a placeholder in what a call is given, blocks calls to the writer, and masks
-    a word in what calls return (as the redaction hook set does with customer data)."""
+    """Fills in a date in what a call is given, blocks calls to the writer, and shortens a
+    word in what calls return."""
 
     async def before_tool(self, ctx: HookContext, call: ToolInvocation) -> ToolInvocation | Blocked:
         if call.name == "writer":
             return Blocked("no writing today")
-        text = str(call.arguments.get("input", "")).replace("<EMAIL_1>", "ann@example.com")
+        text = str(call.arguments.get("input", "")).replace("<TODAY>", "2026-12-04")
         return ToolInvocation(call.call_id, call.name, {"input": text})
 
     async def after_tool(self, ctx: HookContext, execution: ToolExecution) -> ToolExecution:
         return execution.model_copy(
-            update={"content": execution.content.replace("ann@example.com", "<EMAIL_1>")}
+            update={"content": execution.content.replace("2026-12-04", "today")}
         )
 
 
 async def test_calls_to_sub_agents_pass_the_tool_hooks() -> None:
     answers: dict[str, Answer] = {
         "lead": lambda r: (
-            calls(("researcher", "mail <EMAIL_1>"), ("writer", "x"))
+            calls(("researcher", "news of <TODAY>"), ("writer", "x"))
+            if not tool_results(r)
+            else says(" | ".join(tool_results(r)))
+        ),
+        "researcher": lambda r: says(f"found {last_user(r)}"),
+    }
+    w = world(TEAM, answers, hooks=Guard())
+    await w.run(request("lead", "go"))
+    # the child was given the arguments as the hook rewrote them; its answer went through the
+    # hook's after_tool before the parent's model saw it
+    assert w.model.asked("researcher")[0].messages[-1].content == "news of 2026-12-04"
+    result = w.result("T1")
+    assert result.content == 'found news of today | {"error": "blocked: no writing today"}'
+    assert not w.model.asked("writer") and len(w.starts()) == 1
+
+
+class RedactsLead(Hook):
+    """The ``redact`` hook set, for the lead agent only: its sub-agents redact nothing."""
+
+    def __init__(self) -> None:
+        config = RedactionConfig(detect=("email",))
+        self.redact = Redaction(MemoryVault(), default_ttl_s=3600).hooks(config)
+
+    async def prepare_messages(
+        self, ctx: HookContext, messages: list[ChatMessage]
+    ) -> list[ChatMessage]:
+        if ctx.agent.name != "lead":
+            return messages
+        return await self.redact.prepare_messages(ctx, messages)
+
+    async def before_tool(self, ctx: HookContext, call: ToolInvocation) -> ToolInvocation | Blocked:
+        if ctx.agent.name != "lead":
+            return call
+        return await self.redact.before_tool(ctx, call)
+
+    async def after_tool(self, ctx: HookContext, execution: ToolExecution) -> ToolExecution:
+        if ctx.agent.name != "lead":
+            return execution
+        return await self.redact.after_tool(ctx, execution)
+
+
+async def test_a_child_of_a_redacting_agent_gets_placeholders_never_the_values() -> None:
+    raw = "ann@example.com"
+    answers: dict[str, Answer] = {
+        "lead": lambda r: (
+            calls(("researcher", last_user(r)))
             if not tool_results(r)
             else says(" | ".join(tool_results(r)))
         ),
         "researcher": lambda r: says(f"wrote to {last_user(r)}"),
     }
-    w = world(TEAM, answers, hooks=Guard())
-    await w.run(request("lead", "go"))
-    # the child was given the restored value; the parent's model got it masked again
-    assert w.model.asked("researcher")[0].messages[-1].content == "mail ann@example.com"
-    result = w.result("T1")
-    assert result.content == 'wrote to mail <EMAIL_1> | {"error": "blocked: no writing today"}'
-    assert not w.model.asked("writer") and len(w.starts()) == 1
+    w = world(TEAM, answers, hooks=RedactsLead())
+    await w.run(request("lead", f"mail {raw} please"))
+    [child] = w.starts()
+    assert child.input[0].content == "mail «EMAIL_1» please"
+    # neither model, nor the child's history, events or result ever held the value
+    sent = [m for _, r in w.model.requests for m in r.messages]
+    assert sent and all(raw not in m.model_dump_json() for m in sent)
+    assert all(raw not in m.model_dump_json() for m in w.store.histories[child.session_id])
+    assert all(raw not in e.model_dump_json() for e in w.events.events)
+    assert raw not in (await w.child_result("T1", "call_0")).model_dump_json()
+    assert w.result("T1").content == "wrote to mail «EMAIL_1» please"
 
 
 def decide(call_id: str, verdict: str, **fields: Any) -> TurnDecision:
