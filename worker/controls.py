@@ -12,16 +12,16 @@ from collections.abc import Awaitable, Callable
 
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import ChildFinished
-from contracts.state import AgentState, StopSignal
+from contracts.state import AgentState, ChildTurn, StopSignal
 from contracts.turns import TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
-from worker.actions import Action, Delay, Drop, Reply, Start, Step, wake
+from worker.actions import Action, Delay, Drop, Reply, Start, Step, cancel_children, wake
 from worker.agents import AgentProfile, ProfileLookup
 from worker.loop import EventSink, Finished, Loop, Waiting, new_execution
 from worker.loop.announce import announce
 from worker.loop.approvals import timed_out, with_decisions
-from worker.loop.children import with_child_results
+from worker.loop.children import late_children, with_child_results
 from worker.loop.ports import LoopObserver, observe
 from worker.loop.turn import turn_of, turn_result, with_execution
 from worker.session.port import SessionStore, StepSession
@@ -171,6 +171,9 @@ class Controls:
                 return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
             if self.clock() < work.wait_until:
                 return [Delay(work)]
+            late = late_children(state, session.children, self.clock())
+            if late:
+                return await self._give_up_on(late, work)
         # as they came: the loop passes them through the agent's after_tool hooks (and cuts them
         # to max_tool_result_chars) before the model sees them
         merged, fresh = with_child_results(state, session.children)
@@ -194,6 +197,19 @@ class Controls:
                 call_id=child.call_id,
             )
         return merged
+
+    async def _give_up_on(
+        self, late: list[tuple[ChildTurn, TurnChildResult]], work: StepWork
+    ) -> list[Action]:
+        """The wait for children is over: each child still out gets its error result recorded
+        as its answer (a copy, or its real answer coming later, is a no-op) and is cancelled;
+        the parked step is published, and merges them as it merges any answer."""
+        for child, failed in late:
+            await self.store.record_control(
+                work.session_id, work.turn_id, f"child:{child.call_id}", failed
+            )
+        gone = cancel_children([child for child, _ in late], work.turn_id, "stopped waiting")
+        return [*gone, Step(work.model_copy(update={"wait_until": None}))]
 
     def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:
         """The turn is parked: its timeout message goes out (again, when a step message finds

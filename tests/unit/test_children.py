@@ -11,8 +11,9 @@ import pytest
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.messages import ChatMessage
 from contracts.state import ModelResponse, ToolExecution
+from contracts.turns import TurnResult
 from tests.unit.world import Answer, calls, last_user, request, says, tool_results, world
-from worker.actions import Action, Control, Drop, Start, Step
+from worker.actions import Action, Control, Delay, Drop, Start, Step
 from worker.agents import AgentProfiles
 from worker.loop import Blocked, Hook, HookContext, ToolInvocation
 from worker.loop.ports import ModelRequest
@@ -272,6 +273,57 @@ async def test_cancelling_a_parent_cancels_its_running_children() -> None:
         assert child is not None and child.finish_reason == "cancelled"
         assert child.stopped_by == "parent cancelled"
     assert not w.model.asked("researcher") and not w.model.asked("writer")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_child_that_does_not_answer_in_time_ends_as_an_error_and_is_cancelled() -> None:
+    bounded = {"agents": [{**TEAM["agents"][0], "children_timeout_s": 60}, *TEAM["agents"][1:]]}
+    clock = Clock()
+    w = world(bounded, TEAM_ANSWERS, clock=clock)
+    first = await w.sequencer.on_request(request("lead", "go"))
+    parked = await w.sequencer.on_step(first[0].work)  # type: ignore[union-attr]
+    researcher, writer = [a for a in parked if isinstance(a, Start)]
+    # the turn has no deadline, yet its wait for the children is bounded
+    [delay] = [a for a in parked if isinstance(a, Delay)]
+    assert delay.work.wait_until == clock.now + 60
+    await w.drive([researcher])  # the researcher answers; the writer's request is lost
+    clock.now += 59
+    assert await w.sequencer.on_step(delay.work) == [Delay(delay.work)]  # not due yet
+    clock.now += 1
+    await w.drive([Step(delay.work)])
+    missing = json.dumps({"error": "sub-agent writer failed: child_timeout: no answer within 60s"})
+    assert w.result("T1").content == f"combined: facts on find A | {missing}"
+    cancels = [
+        a.message
+        for a in w.published
+        if isinstance(a, Control) and isinstance(a.message, TurnCancel)
+    ]
+    assert [c.turn_id for c in cancels] == [writer.request.turn_id]
+    # the writer's answer, should it come after all, changes nothing
+    late = TurnResult(
+        turn_id=writer.request.turn_id,
+        session_id=writer.request.session_id,
+        agent="writer",
+        content="too late",
+        finish_reason="stop",
+        steps=1,
+        duration_s=61,
+        completed_at=clock.now,
+        parent=writer.request.parent,
+    )
+    assert writer.request.parent is not None
+    again = await w.sequencer.on_child_result(
+        TurnChildResult(parent=writer.request.parent, result=late)
+    )
+    assert [type(a) for a in again] == [Drop]
+    assert len([r for r in w.replies if r.turn_id == "T1"]) == 1
 
 
 async def test_children_spend_the_parents_budget() -> None:

@@ -8,14 +8,15 @@ The gate, for the calls of a step that name a sub-agent (a workflow's every call
 
 1. first time: each call gets its child turn, with a reviewer's edited arguments if any (or
    an error result: a reviewer's rejection, a blocking hook, bad arguments, the depth limit,
-   a spent budget); the turn is saved parked (``children`` wait, until its deadline),
-   ``child.started`` is announced for each, and the step asks for the requests to be
-   published (``Waiting.start``);
+   a spent budget); the turn is saved parked (``children`` wait, until its deadline or
+   ``children_timeout_s`` on, whichever is first), ``child.started`` is announced for each,
+   and the step asks for the requests to be published (``Waiting.start``);
 2. parked: the results recorded so far are merged in by the worker that woke it
    (``with_child_results``); once every child answered the step goes on (its tool phase finds
    them recorded), else the new results are saved and it parks again. A wake that brought
    nothing new publishes the requests of the children still out again (the worker that parked
-   it may have died before it could; a copy is a duplicate and runs nothing).
+   it may have died before it could; a copy is a duplicate and runs nothing). When the wait
+   ends, each child still out is answered with an error and cancelled (``worker.controls``).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class Composer(Fitting):
             call_ids=tuple(c.call_id for c in planned.children),
             children=planned.children,
             since=now,
-            until=ex.request.deadline,
+            until=_children_until(agent, ex.request.deadline, now),
         )
         state = await self._save(
             with_execution(state, status="waiting", wait=waiting), release=True
@@ -237,6 +238,12 @@ class Composer(Fitting):
         state = await self._save(state, release=True)
         await self._emit_step(state, record)  # the nodes' answers: child.finished
         return RunAgain(state)
+
+
+def _children_until(agent: AgentSpec, deadline: float | None, now: float) -> float:
+    """When a wait for children ends: at the turn's deadline, or ``children_timeout_s`` on."""
+    bound = now + agent.children_timeout_s
+    return bound if deadline is None else min(deadline, bound)
 
 
 def replace_args(call: ToolCall, arguments: str) -> ToolCall:
