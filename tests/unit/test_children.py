@@ -436,6 +436,22 @@ async def test_a_parallel_workflow_fans_out_and_joins() -> None:
     assert w.result("T1").content == "c([a]\na(x)\n\n[b]\nb(x))"
 
 
+async def test_a_workflow_node_that_does_not_answer_in_time_fails_the_workflow() -> None:
+    fan = {"name": "fan", "kind": "parallel", "nodes": [{"run": "a"}, {"run": "b"}]}
+    clock = Clock()
+    w = world(flows({**fan, "children_timeout_s": 30}), ECHOES, clock=clock)
+    first = await w.sequencer.on_request(request("fan", "x"))
+    parked = await w.sequencer.on_step(first[0].work)  # type: ignore[union-attr]
+    a, _ = [x for x in parked if isinstance(x, Start)]
+    [delay] = [x for x in parked if isinstance(x, Delay)]
+    await w.drive([a])  # node b's request is lost
+    clock.now += 30
+    await w.drive([Step(delay.work)])
+    result = w.result("T1")
+    assert result.error is not None and result.error.code == "node_failed"
+    assert "child_timeout: no answer within 30s" in result.error.message
+
+
 def classifier(category: str | None) -> Answer:
     return lambda r: says(json.dumps({"category": category} if category else {"other": 1}))
 
