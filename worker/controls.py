@@ -16,12 +16,22 @@ from contracts.state import AgentState, ChildTurn, StopSignal
 from contracts.turns import TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
-from worker.actions import Action, Delay, Drop, Reply, Start, Step, cancel_children, wake
+from worker.actions import (
+    Action,
+    Control,
+    Delay,
+    Drop,
+    Reply,
+    Start,
+    Step,
+    cancel_children,
+    wake,
+)
 from worker.agents import AgentProfile, ProfileLookup
 from worker.loop import EventSink, Finished, Loop, Waiting, new_execution
 from worker.loop.announce import announce
 from worker.loop.approvals import timed_out, with_decisions
-from worker.loop.children import late_children, with_child_results
+from worker.loop.children import child_failed, late_children, with_child_results
 from worker.loop.ports import LoopObserver, observe
 from worker.loop.turn import turn_of, turn_result, with_execution
 from worker.session.port import SessionStore, StepSession
@@ -130,6 +140,20 @@ class Controls:
         if recorded.status == "again" and recorded.parked is None:
             return [Drop(f"second result for call {parent.call_id}", "duplicate")]
         return wake(parent.session_id, parent.turn_id, recorded.parked)
+
+    def on_refused(self, request: TurnRequest, code: str, reason: str) -> list[Action]:
+        """A turn request that is rejected (dead-lettered): a child's parent gets the error as
+        its call's result, so that its wait ends (a copy of it is a no-op there)."""
+        parent = request.parent
+        if parent is None:
+            return []
+        child = ChildTurn(
+            call_id=parent.call_id,
+            turn_id=request.turn_id,
+            session_id=request.session_id,
+            agent=request.agent,
+        )
+        return [Control(child_failed(parent, child, code, f"not run: {reason}", self.clock()))]
 
     async def _wake_parked(
         self, state: AgentState, session: StepSession, work: StepWork
