@@ -141,6 +141,23 @@ class Controls:
             return [Drop(f"second result for call {parent.call_id}", "duplicate")]
         return wake(parent.session_id, parent.turn_id, recorded.parked)
 
+    async def _orphaned(self, request: TurnRequest) -> list[Action]:
+        """A child turn just accepted whose parent has ended meanwhile (its cancel came before
+        the child was known, and found nothing): it is cancelled now, before it runs."""
+        parent = request.parent
+        if parent is None:
+            return []
+        ended = await self.store.result(parent.session_id, parent.turn_id)
+        if ended is None:
+            return []
+        cancel = TurnCancel(
+            turn_id=request.turn_id,
+            session_id=request.session_id,
+            reason=f"parent {ended.finish_reason}",
+            by=f"turn {parent.turn_id}",
+        )
+        return await self.on_cancel(cancel)
+
     def on_refused(self, request: TurnRequest, code: str, reason: str) -> list[Action]:
         """A turn request that is rejected (dead-lettered): a child's parent gets the error as
         its call's result, so that its wait ends (a copy of it is a no-op there)."""

@@ -326,6 +326,23 @@ async def test_a_child_that_does_not_answer_in_time_ends_as_an_error_and_is_canc
     assert len([r for r in w.replies if r.turn_id == "T1"]) == 1
 
 
+async def test_a_child_whose_parent_ended_before_it_was_accepted_does_not_run() -> None:
+    w = world(TEAM, TEAM_ANSWERS)
+    first = await w.sequencer.on_request(request("lead", "go"))
+    parked = await w.sequencer.on_step(first[0].work)  # type: ignore[union-attr]
+    starts = [a for a in parked if isinstance(a, Start)]
+    # the parent is cancelled while its children's requests are still on their way: the
+    # cancels find no such turn yet
+    await w.drive(await w.sequencer.on_cancel(TurnCancel(turn_id="T1", session_id="S1")))
+    assert w.result("T1").finish_reason == "cancelled"
+    await w.drive(list(starts))
+    for start in starts:
+        child = await w.store.result(start.request.session_id, start.request.turn_id)
+        assert child is not None and child.finish_reason == "cancelled"
+        assert child.stopped_by == "parent cancelled"
+    assert not w.model.asked("researcher") and not w.model.asked("writer")
+
+
 async def test_children_spend_the_parents_budget() -> None:
     profiles = {
         "agents": [
