@@ -2,7 +2,10 @@
 ``turn.cancel``, ``turn.decision`` and ``turn.child_result`` are recorded beside the turn
 (once each: a copy is a no-op) and applied under the session's lease by the step they wake; a
 parked turn's step merges what was recorded (decisions, child results) or, at its timeout,
-what the timeout decides. ``SessionSequencer`` (``worker.sequencer``) mixes it in.
+what the timeout decides (for children: an error result for each child still out, which is
+cancelled). A child turn that cannot run reports to its parent all the same: a rejected request
+(``on_refused``) with an error, one accepted after its parent ended is cancelled at once.
+``SessionSequencer`` (``worker.sequencer``) mixes it in.
 """
 
 from __future__ import annotations
