@@ -326,6 +326,28 @@ async def test_a_child_that_does_not_answer_in_time_ends_as_an_error_and_is_canc
     assert len([r for r in w.replies if r.turn_id == "T1"]) == 1
 
 
+async def test_a_child_that_arrives_after_its_parent_stopped_waiting_runs_nothing() -> None:
+    bounded = {"agents": [{**TEAM["agents"][0], "children_timeout_s": 60}, *TEAM["agents"][1:]]}
+    clock = Clock()
+    w = world(bounded, TEAM_ANSWERS, clock=clock)
+    first = await w.sequencer.on_request(request("lead", "go"))
+    parked = await w.sequencer.on_step(first[0].work)  # type: ignore[union-attr]
+    researcher, writer = [a for a in parked if isinstance(a, Start)]
+    [delay] = [a for a in parked if isinstance(a, Delay)]
+    # a child's deadline is the end of its parent's wait for it
+    assert writer.request.deadline == delay.work.wait_until
+    await w.drive([researcher])
+    clock.now += 61
+    gave_up = await w.sequencer.on_step(delay.work)
+    # the writer's request arrives only now, before the cancel the parent sent it
+    await w.drive([writer])
+    ended = await w.store.result(writer.request.session_id, writer.request.turn_id)
+    assert ended is not None and ended.stopped_by == "deadline"
+    assert not w.model.asked("writer")
+    await w.drive(gave_up)
+    assert w.result("T1").content is not None and "child_timeout" in w.result("T1").content
+
+
 async def test_a_child_whose_parent_ended_before_it_was_accepted_does_not_run() -> None:
     w = world(TEAM, TEAM_ANSWERS)
     first = await w.sequencer.on_request(request("lead", "go"))

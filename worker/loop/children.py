@@ -5,8 +5,9 @@ turn, call id, root turn, depth). Its turn id derives from the parent's turn id 
 id, so a step redone after a crash starts no second child: the request is a duplicate of the
 first. Its session derives from the parent's session, turn and call id (a conversation of its
 own for each call), unless the caller's profile names one for that agent. It inherits the
-parent's metadata and deadline, and as budget what is left of the parent's per-turn budget
-(tokens, cost, wall time).
+parent's metadata, and as budget what is left of the parent's per-turn budget (tokens, cost,
+wall time); its deadline is when the parent stops waiting for it (the parent's deadline, or
+the caller's ``children_timeout_s`` on), so a child that comes too late runs nothing.
 
 The parent parks with a ``children`` wait; each child's ``TurnResult`` comes back as a
 ``turn.child_result`` control message and is recorded like a tool result of its call
@@ -88,10 +89,11 @@ class Planned:
 
 
 def plan_children(
-    state: AgentState, agent: AgentSpec, calls: Sequence[ToolCall], now: float
+    state: AgentState, agent: AgentSpec, calls: Sequence[ToolCall], now: float, until: float
 ) -> Planned:
     """The child turn of each call, or the error that answers it instead: arguments without an
-    ``input`` text, the depth limit, a spent budget, a stopped turn."""
+    ``input`` text, the depth limit, a spent budget, a stopped turn. ``until``: when the parent
+    stops waiting for them, each child's deadline."""
     ex = turn_of(state)
     budget = _left(state, agent, now)
     children, requests, refused = [], [], []
@@ -127,7 +129,7 @@ def plan_children(
                 parent_session_id=state.session_id,
                 parent=_parent(state, call.id),
                 metadata=ex.request.metadata,
-                deadline=ex.request.deadline,
+                deadline=until,
                 budget=budget,
             )
         )

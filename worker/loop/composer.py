@@ -77,7 +77,8 @@ class Composer(Fitting):
             return state, tuple(unsaved)
         now = self.clock()
         todo, blocked = await self._passed(state, agent, todo, now)
-        planned = plan_children(state, agent, todo, now)
+        until = _children_until(agent, ex.request.deadline, now)
+        planned = plan_children(state, agent, todo, now, until)
         planned = replace(planned, refused=(*blocked, *planned.refused))
         if planned.refused:
             merged = pending.model_copy(update={"results": (*pending.results, *planned.refused)})
@@ -89,7 +90,7 @@ class Composer(Fitting):
             call_ids=tuple(c.call_id for c in planned.children),
             children=planned.children,
             since=now,
-            until=_children_until(agent, ex.request.deadline, now),
+            until=until,
         )
         state = await self._save(
             with_execution(state, status="waiting", wait=waiting), release=True
@@ -131,7 +132,9 @@ class Composer(Fitting):
         out = {c.call_id for c in wait.children if pending.result_for(c.call_id) is None}
         now = self.clock()
         passed, _ = await self._passed(state, agent, [c for c in calls if c.id in out], now)
-        again = plan_children(state, agent, passed, now)
+        # the same requests as at first (a wait saved without a bound gets one now)
+        until = wait.until or _children_until(agent, ex.request.deadline, wait.since)
+        again = plan_children(state, agent, passed, now, until)
         return Waiting(state, wait.until, start=again.requests)
 
     async def _passed(
