@@ -141,9 +141,10 @@ class Composer(Fitting):
         self, state: AgentState, agent: AgentSpec, calls: Sequence[ToolCall], now: float
     ) -> tuple[list[ToolCall], list[ToolExecution]]:
         """The calls to sub-agents through a reviewer's decision and the ``before_tool`` hooks,
-        like calls to tools: with the edited arguments, if any, as the hooks give them
-        (placeholders restored), or blocked (rejected, or by a hook). A workflow's calls are its
-        own: they pass as they are."""
+        like calls to tools: with the edited arguments, if any, as the hooks give them (the
+        ``redact`` set leaves its placeholders in: a child gets them, never the values), or
+        blocked (rejected, or by a hook). A workflow's calls are its own: they pass as they
+        are."""
         if agent.workflow is not None or not calls:
             return list(calls), []
         ex = turn_of(state)
