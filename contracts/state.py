@@ -232,6 +232,19 @@ class ExecutionState(Contract):
     wait: Wait | None = Field(default=None, description="Set while the turn is parked.")
     usage: Usage = Usage()
     cost_usd: float = Field(default=0.0, ge=0)
+    children_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="The tokens of ``usage`` its child turns spent (their agents' days count "
+        "them, not this agent's).",
+        exclude_if=lambda value: not value,  # added to v1: written only when set
+    )
+    children_cost_usd: float = Field(
+        default=0.0,
+        ge=0,
+        description="The cost of ``cost_usd`` its child turns spent.",
+        exclude_if=lambda value: not value,
+    )
     output_repairs: int = Field(
         default=0, ge=0, description="Invalid structured answers sent back to the model so far."
     )

@@ -215,6 +215,37 @@ async def test_cancelling_a_parent_cancels_its_running_children(
     assert all(e.data.result.duration_s < 15 for e in child_ends)  # type: ignore[union-attr]
 
 
+async def test_a_child_that_does_not_answer_in_time_is_an_error_for_its_parent_and_ends(
+    scripted_model: ScriptedModel, client: LoopwireClient, events: EventRecorder, tmp_path: Path
+) -> None:
+    model = ByAgent(
+        {
+            "lead": lead,
+            "researcher": lambda b: Reply.text("facts"),
+            "writer": lambda b: Reply.text("late", delay=30.0),
+        }
+    )
+    scripted_model.respond_with(model)
+    team = [{**TEAM[0], "children_timeout_s": 2}, *TEAM[1:]]
+    async with worker(scripted_model, agents_file(tmp_path, team)) as w:
+        result = await client.run_turn("lead", "go", timeout=20)
+        await events.wait_for(
+            lambda evs: any(e.type == "turn.cancelled" and e.agent == "writer" for e in evs), 20
+        )
+    assert w.errors() == []
+    assert result.finish_reason == "stop"
+    assert result.content is not None and result.content.startswith("combined: facts | ")
+    # whichever comes first: the parent's wait ends, or the child's deadline (the same time)
+    writer = json.loads(result.content.removeprefix("combined: facts | "))["error"]
+    assert writer in (
+        "sub-agent writer failed: child_timeout: no answer within 2s",
+        "sub-agent writer was cancelled (deadline)",
+    )
+    assert result.duration_s < 10
+    [ended] = [e for e in events.events if e.type == "turn.cancelled" and e.agent == "writer"]
+    assert ended.data.result.duration_s < 10  # type: ignore[union-attr]
+
+
 async def test_budgets_roll_up_and_the_depth_limit_answers_the_model(
     scripted_model: ScriptedModel, client: LoopwireClient, tmp_path: Path
 ) -> None:

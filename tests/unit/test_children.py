@@ -8,13 +8,18 @@ from typing import Any
 
 import pytest
 
-from contracts.control import TurnCancel, TurnChildResult
+from contracts.control import TurnCancel, TurnChildResult, TurnDecision
+from contracts.messages import ChatMessage
 from contracts.state import ModelResponse, ToolExecution
+from contracts.turns import TurnResult
 from tests.unit.world import Answer, calls, last_user, request, says, tool_results, world
 from worker.loop import Blocked, Hook, HookContext, ToolInvocation
 from worker.loop.ports import ModelRequest
 from worker.profiles.agents import AgentProfiles
-from worker.sequencing.actions import Action, Control, Drop, Start, Step
+from worker.redaction.config import RedactionConfig
+from worker.redaction.service import Redaction
+from worker.redaction.vault import MemoryVault
+from worker.sequencing.actions import Action, Control, Delay, Drop, Start, Step
 
 # -- agents as tools ----------------------------------------------------------------------------
 
@@ -96,37 +101,111 @@ async def test_a_redone_parent_step_starts_no_second_child() -> None:
 
 
 class Guard(Hook):
-    """Restores a placeholder in what a call is given, blocks calls to the writer, and masks
-    a word in what calls return (as the redaction hook set does with customer data)."""
+    """Fills in a date in what a call is given, blocks calls to the writer, and shortens a
+    word in what calls return."""
 
     async def before_tool(self, ctx: HookContext, call: ToolInvocation) -> ToolInvocation | Blocked:
         if call.name == "writer":
             return Blocked("no writing today")
-        text = str(call.arguments.get("input", "")).replace("<EMAIL_1>", "ann@example.com")
+        text = str(call.arguments.get("input", "")).replace("<TODAY>", "2026-12-04")
         return ToolInvocation(call.call_id, call.name, {"input": text})
 
     async def after_tool(self, ctx: HookContext, execution: ToolExecution) -> ToolExecution:
         return execution.model_copy(
-            update={"content": execution.content.replace("ann@example.com", "<EMAIL_1>")}
+            update={"content": execution.content.replace("2026-12-04", "today")}
         )
 
 
 async def test_calls_to_sub_agents_pass_the_tool_hooks() -> None:
     answers: dict[str, Answer] = {
         "lead": lambda r: (
-            calls(("researcher", "mail <EMAIL_1>"), ("writer", "x"))
+            calls(("researcher", "news of <TODAY>"), ("writer", "x"))
+            if not tool_results(r)
+            else says(" | ".join(tool_results(r)))
+        ),
+        "researcher": lambda r: says(f"found {last_user(r)}"),
+    }
+    w = world(TEAM, answers, hooks=Guard())
+    await w.run(request("lead", "go"))
+    # the child was given the arguments as the hook rewrote them; its answer went through the
+    # hook's after_tool before the parent's model saw it
+    assert w.model.asked("researcher")[0].messages[-1].content == "news of 2026-12-04"
+    result = w.result("T1")
+    assert result.content == 'found news of today | {"error": "blocked: no writing today"}'
+    assert not w.model.asked("writer") and len(w.starts()) == 1
+
+
+class RedactsLead(Hook):
+    """The ``redact`` hook set, for the lead agent only: its sub-agents redact nothing."""
+
+    def __init__(self) -> None:
+        config = RedactionConfig(detect=("email",))
+        self.redact = Redaction(MemoryVault(), default_ttl_s=3600).hooks(config)
+
+    async def prepare_messages(
+        self, ctx: HookContext, messages: list[ChatMessage]
+    ) -> list[ChatMessage]:
+        if ctx.agent.name != "lead":
+            return messages
+        return await self.redact.prepare_messages(ctx, messages)
+
+    async def before_tool(self, ctx: HookContext, call: ToolInvocation) -> ToolInvocation | Blocked:
+        if ctx.agent.name != "lead":
+            return call
+        return await self.redact.before_tool(ctx, call)
+
+    async def after_tool(self, ctx: HookContext, execution: ToolExecution) -> ToolExecution:
+        if ctx.agent.name != "lead":
+            return execution
+        return await self.redact.after_tool(ctx, execution)
+
+
+async def test_a_child_of_a_redacting_agent_gets_placeholders_never_the_values() -> None:
+    raw = "ann@example.com"
+    answers: dict[str, Answer] = {
+        "lead": lambda r: (
+            calls(("researcher", last_user(r)))
             if not tool_results(r)
             else says(" | ".join(tool_results(r)))
         ),
         "researcher": lambda r: says(f"wrote to {last_user(r)}"),
     }
-    w = world(TEAM, answers, hooks=Guard())
+    w = world(TEAM, answers, hooks=RedactsLead())
+    await w.run(request("lead", f"mail {raw} please"))
+    [child] = w.starts()
+    assert child.input[0].content == "mail «EMAIL_1» please"
+    # neither model, nor the child's history, events or result ever held the value
+    sent = [m for _, r in w.model.requests for m in r.messages]
+    assert sent and all(raw not in m.model_dump_json() for m in sent)
+    assert all(raw not in m.model_dump_json() for m in w.store.histories[child.session_id])
+    assert all(raw not in e.model_dump_json() for e in w.events.events)
+    assert raw not in (await w.child_result("T1", "call_0")).model_dump_json()
+    assert w.result("T1").content == "wrote to mail «EMAIL_1» please"
+
+
+def decide(call_id: str, verdict: str, **fields: Any) -> TurnDecision:
+    return TurnDecision(
+        turn_id="T1", session_id="S1", call_id=call_id, decision=verdict, by="maria", **fields
+    )
+
+
+async def test_decisions_on_sub_agent_calls_are_applied_before_a_child_starts() -> None:
+    approving = {"agents": [{**TEAM["agents"][0], "approval": ["*"]}, *TEAM["agents"][1:]]}
+    w = world(approving, TEAM_ANSWERS)
     await w.run(request("lead", "go"))
-    # the child was given the restored value; the parent's model got it masked again
-    assert w.model.asked("researcher")[0].messages[-1].content == "mail ann@example.com"
+    assert not w.starts(), "the calls wait for their decisions"
+    await w.drive(await w.sequencer.on_decision(decide("call_0", "reject", message="not now")))
+    edited = decide("call_1", "edit", arguments={"input": "draft C"})
+    await w.drive(await w.sequencer.on_decision(edited))
+    # the rejected call started no child; the edited one ran with the edited input
+    assert [c.agent for c in w.starts()] == ["writer"]
+    assert not w.model.asked("researcher")
+    assert last_user(w.model.asked("writer")[0]) == "draft C"
     result = w.result("T1")
-    assert result.content == 'wrote to mail <EMAIL_1> | {"error": "blocked: no writing today"}'
-    assert not w.model.asked("writer") and len(w.starts()) == 1
+    rejected = json.dumps({"error": "rejected by maria: not now"})
+    assert result.content == f"combined: {rejected} | text for draft C"
+    invoked = [e for e in w.events.events if e.type == "tool.invoked" and e.turn_id == "T1"]
+    assert [(e.data.call_id, e.data.outcome) for e in invoked] == [("call_0", "blocked")]  # type: ignore[union-attr]
 
 
 async def test_a_failing_child_comes_back_as_an_error() -> None:
@@ -196,6 +275,96 @@ async def test_cancelling_a_parent_cancels_its_running_children() -> None:
     assert not w.model.asked("researcher") and not w.model.asked("writer")
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_child_that_does_not_answer_in_time_ends_as_an_error_and_is_cancelled() -> None:
+    bounded = {"agents": [{**TEAM["agents"][0], "children_timeout_s": 60}, *TEAM["agents"][1:]]}
+    clock = Clock()
+    w = world(bounded, TEAM_ANSWERS, clock=clock)
+    first = await w.sequencer.on_request(request("lead", "go"))
+    parked = await w.sequencer.on_step(first[0].work)  # type: ignore[union-attr]
+    researcher, writer = [a for a in parked if isinstance(a, Start)]
+    # the turn has no deadline, yet its wait for the children is bounded
+    [delay] = [a for a in parked if isinstance(a, Delay)]
+    assert delay.work.wait_until == clock.now + 60
+    await w.drive([researcher])  # the researcher answers; the writer's request is lost
+    clock.now += 59
+    assert await w.sequencer.on_step(delay.work) == [Delay(delay.work)]  # not due yet
+    clock.now += 1
+    await w.drive([Step(delay.work)])
+    missing = json.dumps({"error": "sub-agent writer failed: child_timeout: no answer within 60s"})
+    assert w.result("T1").content == f"combined: facts on find A | {missing}"
+    cancels = [
+        a.message
+        for a in w.published
+        if isinstance(a, Control) and isinstance(a.message, TurnCancel)
+    ]
+    assert [c.turn_id for c in cancels] == [writer.request.turn_id]
+    # the writer's answer, should it come after all, changes nothing
+    late = TurnResult(
+        turn_id=writer.request.turn_id,
+        session_id=writer.request.session_id,
+        agent="writer",
+        content="too late",
+        finish_reason="stop",
+        steps=1,
+        duration_s=61,
+        completed_at=clock.now,
+        parent=writer.request.parent,
+    )
+    assert writer.request.parent is not None
+    again = await w.sequencer.on_child_result(
+        TurnChildResult(parent=writer.request.parent, result=late)
+    )
+    assert [type(a) for a in again] == [Drop]
+    assert len([r for r in w.replies if r.turn_id == "T1"]) == 1
+
+
+async def test_a_child_that_arrives_after_its_parent_stopped_waiting_runs_nothing() -> None:
+    bounded = {"agents": [{**TEAM["agents"][0], "children_timeout_s": 60}, *TEAM["agents"][1:]]}
+    clock = Clock()
+    w = world(bounded, TEAM_ANSWERS, clock=clock)
+    first = await w.sequencer.on_request(request("lead", "go"))
+    parked = await w.sequencer.on_step(first[0].work)  # type: ignore[union-attr]
+    researcher, writer = [a for a in parked if isinstance(a, Start)]
+    [delay] = [a for a in parked if isinstance(a, Delay)]
+    # a child's deadline is the end of its parent's wait for it
+    assert writer.request.deadline == delay.work.wait_until
+    await w.drive([researcher])
+    clock.now += 61
+    gave_up = await w.sequencer.on_step(delay.work)
+    # the writer's request arrives only now, before the cancel the parent sent it
+    await w.drive([writer])
+    ended = await w.store.result(writer.request.session_id, writer.request.turn_id)
+    assert ended is not None and ended.stopped_by == "deadline"
+    assert not w.model.asked("writer")
+    await w.drive(gave_up)
+    assert w.result("T1").content is not None and "child_timeout" in w.result("T1").content
+
+
+async def test_a_child_whose_parent_ended_before_it_was_accepted_does_not_run() -> None:
+    w = world(TEAM, TEAM_ANSWERS)
+    first = await w.sequencer.on_request(request("lead", "go"))
+    parked = await w.sequencer.on_step(first[0].work)  # type: ignore[union-attr]
+    starts = [a for a in parked if isinstance(a, Start)]
+    # the parent is cancelled while its children's requests are still on their way: the
+    # cancels find no such turn yet
+    await w.drive(await w.sequencer.on_cancel(TurnCancel(turn_id="T1", session_id="S1")))
+    assert w.result("T1").finish_reason == "cancelled"
+    await w.drive(list(starts))
+    for start in starts:
+        child = await w.store.result(start.request.session_id, start.request.turn_id)
+        assert child is not None and child.finish_reason == "cancelled"
+        assert child.stopped_by == "parent cancelled"
+    assert not w.model.asked("researcher") and not w.model.asked("writer")
+
+
 async def test_children_spend_the_parents_budget() -> None:
     profiles = {
         "agents": [
@@ -218,6 +387,25 @@ async def test_children_spend_the_parents_budget() -> None:
     budgets = [c.budget.max_total_tokens for c in w.starts()]
     assert budgets[0] == 90  # what was left after the parent's first call
     assert budgets == sorted(budgets, reverse=True)
+
+
+async def test_a_recursive_tree_counts_each_model_call_once_in_its_agents_day() -> None:
+    def recurse(request: ModelRequest) -> ModelResponse:
+        results = tool_results(request)
+        return calls(("echo", "deeper")) if not results else says("got " + results[0])
+
+    daily = {"max_total_tokens": 45}
+    profiles = {
+        "agents": [{"name": "echo", "agents": ["echo"], "max_depth": 1, "daily_budget": daily}]
+    }
+    w = world(profiles, {"echo": recurse}, daily=True)
+    await w.run(request("echo", "top"))
+    # two calls each for the parent and its child (10 tokens a call): 40 in all, so the
+    # parent's last call (30 spent before it) is within the day's 45
+    assert len(w.model.requests) == 4
+    assert w.result("T1").finish_reason == "stop"
+    assert w.result("T1").usage.total_tokens == 40, "the parent's result still rolls up"
+    assert w.store.spend["echo"].total_tokens == 40
 
 
 # -- workflows ----------------------------------------------------------------------------------
@@ -285,6 +473,22 @@ async def test_a_parallel_workflow_fans_out_and_joins() -> None:
     w = world(joined, ECHOES)
     await w.run(request("fan", "x"))
     assert w.result("T1").content == "c([a]\na(x)\n\n[b]\nb(x))"
+
+
+async def test_a_workflow_node_that_does_not_answer_in_time_fails_the_workflow() -> None:
+    fan = {"name": "fan", "kind": "parallel", "nodes": [{"run": "a"}, {"run": "b"}]}
+    clock = Clock()
+    w = world(flows({**fan, "children_timeout_s": 30}), ECHOES, clock=clock)
+    first = await w.sequencer.on_request(request("fan", "x"))
+    parked = await w.sequencer.on_step(first[0].work)  # type: ignore[union-attr]
+    a, _ = [x for x in parked if isinstance(x, Start)]
+    [delay] = [x for x in parked if isinstance(x, Delay)]
+    await w.drive([a])  # node b's request is lost
+    clock.now += 30
+    await w.drive([Step(delay.work)])
+    result = w.result("T1")
+    assert result.error is not None and result.error.code == "node_failed"
+    assert "child_timeout: no answer within 30s" in result.error.message
 
 
 def classifier(category: str | None) -> Answer:

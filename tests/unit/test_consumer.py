@@ -23,11 +23,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from contracts import topology as t
 from contracts.codec import MAX_MESSAGE_BYTES, decode, encode, encode_obj
+from contracts.control import TurnChildResult
 from contracts.events import TurnRejected
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
-from contracts.turns import InputMessage, TurnRequest, TurnResult
+from contracts.turns import InputMessage, TurnParent, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker.runtime.metrics import WorkerMetrics
 from worker.testing.broker import MemoryDelivery, MemoryPublisher, Published, ScriptedAnswers
@@ -474,6 +475,24 @@ async def test_unknown_agent_is_dead_lettered(make_rig: MakeRig) -> None:
     assert rig.store.turns == {}  # never accepted
     assert rig.publisher.published == []
     assert rig.counted("loopwire_dead_lettered", "unknown_agent") == 1
+
+
+async def test_a_rejected_child_request_tells_its_parent(make_rig: MakeRig) -> None:
+    rig = make_rig()
+    parent = TurnParent(session_id="p1", turn_id="pt1", call_id="call_0", root_turn_id="pt1")
+    child = request("c1", agent="billing", reply_to=None).model_copy(update={"parent": parent})
+
+    delivery = await rig.deliver(start(child))
+
+    assert acked_once(delivery)
+    assert only_dead_letter(rig).headers[t.H_REASON_CODE] == "unknown_agent"
+    [told] = rig.publisher.to(t.TURNS_QUEUE)
+    assert told.headers == {t.H_KIND: t.KIND_CHILD_RESULT}
+    message = decode(told.body, TurnChildResult)
+    assert message.parent == parent
+    assert (message.result.turn_id, message.result.finish_reason) == ("c1", "error")
+    assert message.result.error is not None and message.result.error.code == "unknown_agent"
+    assert "billing" in message.result.error.message
 
 
 # -- transient failures and failing steps ---------------------------------------------------------

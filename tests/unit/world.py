@@ -5,6 +5,7 @@ and the model answers by the agent that asks (its system prompt is ``agent:<name
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -156,9 +157,12 @@ def world(
     store: MemoryStore | None = None,
     announced: frozenset[str] | None = None,
     tracing: Tracing | None = None,
+    daily: bool = False,
+    clock: Callable[[], float] = time.time,
 ) -> World:
     """``tools``: functions the agents may call, each offered as a tool taking any arguments;
-    ``store``: an earlier world's (its sessions go on)."""
+    ``store``: an earlier world's (its sessions go on); ``daily``: the store keeps the agents'
+    daily spend (daily budgets are checked); ``clock``: the workers' time."""
     for agent in profiles.get("agents", []):
         agent.setdefault("system_prompt", f"agent:{agent['name']}")
     loaded = AgentProfiles.model_validate(profiles)
@@ -173,6 +177,8 @@ def world(
         hooks=hooks,
         announced=announced,
         tracing=tracing,
+        ledger=store if daily else None,
+        clock=clock,
     )
     return World(sequencer, store, model, events)
 

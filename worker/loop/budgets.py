@@ -6,7 +6,10 @@ Three scopes, each a ``Budget`` of the agent (``budget``, ``session_budget``,
 cost (from the workers' price table), tool calls and wall time. The session's spend is kept in
 its state (``AgentState.spent``, its finished turns) and the agent's day in the store's
 ledger (its finished turns that day, UTC); both are counted with the turn's own spend so far.
-Other turns still running elsewhere are counted once they end.
+Other turns still running elsewhere are counted once they end. A turn's spend includes its child
+turns' (its per-turn and session budgets count them); the agent's day counts only what the
+turn spent itself, since each child adds its own to its agent's day: a model call counts once
+in a day, for the agent that made it, however the turns nest.
 
 When one is spent the turn makes one last model call without tools, with the agent's
 ``budget_note``, and ends with ``finish_reason: budget`` and ``stopped_by`` naming the budget
@@ -53,6 +56,18 @@ def turn_spend(ex: ExecutionState, now: float) -> Spend:
     )
 
 
+def own_spend(ex: ExecutionState, now: float) -> Spend:
+    """What the turn spent itself, without its child turns' usage and cost: what its agent's
+    day counts (each child's own day counts the child's, so each model call counts once)."""
+    spend = turn_spend(ex, now)
+    return spend.model_copy(
+        update={
+            "total_tokens": max(0, spend.total_tokens - ex.children_tokens),
+            "cost_usd": max(0.0, spend.cost_usd - ex.children_cost_usd),
+        }
+    )
+
+
 def configured(agent: AgentSpec, ex: ExecutionState) -> bool:
     """Whether any budget applies to the turn (if none, nothing is computed)."""
     return not (
@@ -75,7 +90,7 @@ def first_spent(
         ("session", agent.session_budget, state.spent + mine),
     ]
     if today is not None:
-        scopes.append(("agent_day", agent.daily_budget, today + mine))
+        scopes.append(("agent_day", agent.daily_budget, today + own_spend(ex, now)))
     called = bool(ex.steps) or ex.usage.total_tokens > 0
     for scope, budget, spend in scopes:
         for limit_name, spend_name in LIMITS.items():

@@ -5,14 +5,16 @@ turn, call id, root turn, depth). Its turn id derives from the parent's turn id 
 id, so a step redone after a crash starts no second child: the request is a duplicate of the
 first. Its session derives from the parent's session, turn and call id (a conversation of its
 own for each call), unless the caller's profile names one for that agent. It inherits the
-parent's metadata and deadline, and as budget what is left of the parent's per-turn budget
-(tokens, cost, wall time).
+parent's metadata, and as budget what is left of the parent's per-turn budget (tokens, cost,
+wall time); its deadline is when the parent stops waiting for it (the parent's deadline, or
+the caller's ``children_timeout_s`` on), so a child that comes too late runs nothing.
 
 The parent parks with a ``children`` wait; each child's ``TurnResult`` comes back as a
 ``turn.child_result`` control message and is recorded like a tool result of its call
 (``with_child_results``): the answer, or its structured output, for a child that answered;
 ``{"error": ...}`` for one that failed, was cancelled or stopped at its iteration cap. Its
-usage and cost are added to the parent's, so the parent's budgets and result count them.
+usage and cost are added to the parent's, so the parent's budgets and result count them (but
+not the parent agent's day: the child's own agent's day counts them, once).
 A call deeper than the caller's ``max_depth`` is answered with an error and starts nothing.
 """
 
@@ -27,7 +29,14 @@ from contracts.control import TurnChildResult
 from contracts.messages import ToolCall
 from contracts.state import AgentState, ChildTurn, ToolExecution
 from contracts.tools import ToolDefinition
-from contracts.turns import Budget, InputMessage, TurnParent, TurnRequest, TurnResult
+from contracts.turns import (
+    Budget,
+    InputMessage,
+    TurnError,
+    TurnParent,
+    TurnRequest,
+    TurnResult,
+)
 from worker.loop.budgets import turn_spend
 from worker.loop.spec import AgentSpec
 from worker.loop.turn import turn_of, with_execution
@@ -80,14 +89,12 @@ class Planned:
 
 
 def plan_children(
-    state: AgentState, agent: AgentSpec, calls: Sequence[ToolCall], now: float
+    state: AgentState, agent: AgentSpec, calls: Sequence[ToolCall], now: float, until: float
 ) -> Planned:
     """The child turn of each call, or the error that answers it instead: arguments without an
-    ``input`` text, the depth limit, a spent budget, a stopped turn."""
+    ``input`` text, the depth limit, a spent budget, a stopped turn. ``until``: when the parent
+    stops waiting for them, each child's deadline."""
     ex = turn_of(state)
-    parent = ex.request.parent
-    depth = (parent.depth if parent is not None else 0) + 1
-    root = parent.root_turn_id if parent is not None else ex.turn_id
     budget = _left(state, agent, now)
     children, requests, refused = [], [], []
     for call in calls:
@@ -97,7 +104,7 @@ def plan_children(
             error = f"not run: the turn was stopped by {ex.stop_signal.source}"
         elif text is None:
             error = "arguments must be a JSON object with an 'input' string"
-        elif depth > agent.max_depth:
+        elif _depth(state) > agent.max_depth:
             error = f"not run: sub-agents may nest {agent.max_depth} deep (max_depth)"
         elif budget is None:
             error = "not run: the turn's budget is spent"
@@ -120,19 +127,66 @@ def plan_children(
                 agent=child.agent,
                 input=(InputMessage(content=text),),
                 parent_session_id=state.session_id,
-                parent=TurnParent(
-                    session_id=state.session_id,
-                    turn_id=ex.turn_id,
-                    call_id=call.id,
-                    root_turn_id=root,
-                    depth=depth,
-                ),
+                parent=_parent(state, call.id),
                 metadata=ex.request.metadata,
-                deadline=ex.request.deadline,
+                deadline=until,
                 budget=budget,
             )
         )
     return Planned(tuple(children), tuple(requests), tuple(refused))
+
+
+def _depth(state: AgentState) -> int:
+    """The depth of the state's turn's children in their tree."""
+    parent = turn_of(state).request.parent
+    return (parent.depth if parent is not None else 0) + 1
+
+
+def _parent(state: AgentState, call_id: str) -> TurnParent:
+    """The parent of the child turn of a call of the state's turn."""
+    ex = turn_of(state)
+    parent = ex.request.parent
+    return TurnParent(
+        session_id=state.session_id,
+        turn_id=ex.turn_id,
+        call_id=call_id,
+        root_turn_id=parent.root_turn_id if parent is not None else ex.turn_id,
+        depth=_depth(state),
+    )
+
+
+def child_failed(
+    parent: TurnParent, child: ChildTurn, code: str, message: str, now: float
+) -> TurnChildResult:
+    """The result of a child turn that could not run or answer, for its parent: an error."""
+    result = TurnResult(
+        turn_id=child.turn_id,
+        session_id=child.session_id,
+        agent=child.agent,
+        content=None,
+        finish_reason="error",
+        error=TurnError(code=code, message=message[:4000]),
+        steps=0,
+        duration_s=0.0,
+        completed_at=now,
+        parent=parent,
+    )
+    return TurnChildResult(parent=parent, result=result)
+
+
+def late_children(
+    state: AgentState, recorded: Mapping[str, TurnChildResult], now: float
+) -> list[tuple[ChildTurn, TurnChildResult]]:
+    """The children a turn still waits on at the end of its wait (none of their results is
+    recorded), each with its error result: no answer in time."""
+    wait = turn_of(state).wait
+    assert wait is not None
+    waited = f"no answer within {round(now - wait.since)}s"
+    return [
+        (child, child_failed(_parent(state, child.call_id), child, "child_timeout", waited, now))
+        for child in unanswered_children(state)
+        if child.call_id not in recorded
+    ]
 
 
 def with_child_results(
@@ -154,10 +208,20 @@ def with_child_results(
         return state, []
     executions = tuple(child_execution(child, result, wait.since) for child, result in fresh)
     usage, cost = ex.usage, ex.cost_usd
+    tokens, children_cost = ex.children_tokens, ex.children_cost_usd
     for _, result in fresh:
         usage, cost = usage + result.usage, cost + result.cost_usd
+        tokens += result.usage.total_tokens
+        children_cost += result.cost_usd
     merged = pending.model_copy(update={"results": (*pending.results, *executions)})
-    return with_execution(state, pending=merged, usage=usage, cost_usd=cost), fresh
+    return with_execution(
+        state,
+        pending=merged,
+        usage=usage,
+        cost_usd=cost,
+        children_tokens=tokens,
+        children_cost_usd=children_cost,
+    ), fresh
 
 
 def child_execution(child: ChildTurn, result: TurnResult, started: float) -> ToolExecution:

@@ -6,15 +6,17 @@ of the state (``worker.loop.children``).
 
 The gate, for the calls of a step that name a sub-agent (a workflow's every call):
 
-1. first time: each call gets its child turn (or an error result: bad arguments, the depth
-   limit, a spent budget); the turn is saved parked (``children`` wait, until its deadline),
-   ``child.started`` is announced for each, and the step asks for the requests to be
-   published (``Waiting.start``);
+1. first time: each call gets its child turn, with a reviewer's edited arguments if any (or
+   an error result: a reviewer's rejection, a blocking hook, bad arguments, the depth limit,
+   a spent budget); the turn is saved parked (``children`` wait, until its deadline or
+   ``children_timeout_s`` on, whichever is first), ``child.started`` is announced for each,
+   and the step asks for the requests to be published (``Waiting.start``);
 2. parked: the results recorded so far are merged in by the worker that woke it
    (``with_child_results``); once every child answered the step goes on (its tool phase finds
    them recorded), else the new results are saved and it parks again. A wake that brought
    nothing new publishes the requests of the children still out again (the worker that parked
-   it may have died before it could; a copy is a duplicate and runs nothing).
+   it may have died before it could; a copy is a duplicate and runs nothing). When the wait
+   ends, each child still out is answered with an error and cancelled (``worker.sequencing.controls``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from contracts.events import ChildStarted
 from contracts.messages import ChatMessage, ToolCall
@@ -43,6 +46,7 @@ from worker.loop.hooks import Blocked, HookContext, ToolInvocation
 from worker.loop.outcomes import Finished, RunAgain, StepOutcome, Waiting
 from worker.loop.ports import observe
 from worker.loop.spec import AgentSpec
+from worker.loop.tool_calls import Refused, call_arguments, error_content
 from worker.loop.turn import turn_of, with_execution
 from worker.loop.workflow import Done, NodeFailed, input_text, plan, rounds_of
 
@@ -73,7 +77,8 @@ class Composer(Fitting):
             return state, tuple(unsaved)
         now = self.clock()
         todo, blocked = await self._passed(state, agent, todo, now)
-        planned = plan_children(state, agent, todo, now)
+        until = _children_until(agent, ex.request.deadline, now)
+        planned = plan_children(state, agent, todo, now, until)
         planned = replace(planned, refused=(*blocked, *planned.refused))
         if planned.refused:
             merged = pending.model_copy(update={"results": (*pending.results, *planned.refused)})
@@ -85,7 +90,7 @@ class Composer(Fitting):
             call_ids=tuple(c.call_id for c in planned.children),
             children=planned.children,
             since=now,
-            until=ex.request.deadline,
+            until=until,
         )
         state = await self._save(
             with_execution(state, status="waiting", wait=waiting), release=True
@@ -127,15 +132,19 @@ class Composer(Fitting):
         out = {c.call_id for c in wait.children if pending.result_for(c.call_id) is None}
         now = self.clock()
         passed, _ = await self._passed(state, agent, [c for c in calls if c.id in out], now)
-        again = plan_children(state, agent, passed, now)
+        # the same requests as at first (a wait saved without a bound gets one now)
+        until = wait.until or _children_until(agent, ex.request.deadline, wait.since)
+        again = plan_children(state, agent, passed, now, until)
         return Waiting(state, wait.until, start=again.requests)
 
     async def _passed(
         self, state: AgentState, agent: AgentSpec, calls: Sequence[ToolCall], now: float
     ) -> tuple[list[ToolCall], list[ToolExecution]]:
-        """The calls to sub-agents through the ``before_tool`` hooks, like calls to tools: with
-        the arguments the hooks give (placeholders restored), or blocked. A workflow's calls
-        are its own: they pass as they are."""
+        """The calls to sub-agents through a reviewer's decision and the ``before_tool`` hooks,
+        like calls to tools: with the edited arguments, if any, as the hooks give them (the
+        ``redact`` set leaves its placeholders in: a child gets them, never the values), or
+        blocked (rejected, or by a hook). A workflow's calls are its own: they pass as they
+        are."""
         if agent.workflow is not None or not calls:
             return list(calls), []
         ex = turn_of(state)
@@ -143,31 +152,18 @@ class Composer(Fitting):
         ctx = HookContext(state=state, agent=agent, step=ex.pending.index)
         passed, blocked = [], []
         for call in calls:
-            try:
-                arguments = json.loads(call.arguments or "{}")
-            except ValueError:
-                passed.append(call)  # refused by plan_children, with the reason
-                continue
-            if not isinstance(arguments, dict):
-                passed.append(call)
+            arguments = call_arguments(call, ex.pending)
+            if isinstance(arguments, Refused):
+                if arguments.outcome == "blocked":  # rejected by a reviewer
+                    blocked.append(_blocked(call, arguments.given, arguments.error, now))
+                else:
+                    passed.append(call)  # refused by plan_children, with the reason
                 continue
             decision = await self.hooks.before_tool(
                 ctx, ToolInvocation(call.id, call.name, arguments)
             )
             if isinstance(decision, Blocked):
-                error = f"blocked: {decision.reason}"
-                blocked.append(
-                    ToolExecution(
-                        call_id=call.id,
-                        name=call.name,
-                        arguments=arguments,
-                        outcome="blocked",
-                        error=error,
-                        content=json.dumps({"error": error}, ensure_ascii=False),
-                        started_at=now,
-                        completed_at=now,
-                    )
-                )
+                blocked.append(_blocked(call, arguments, f"blocked: {decision.reason}", now))
             else:
                 given = json.dumps(decision.arguments, ensure_ascii=False)
                 passed.append(call if given == call.arguments else replace_args(call, given))
@@ -248,5 +244,27 @@ class Composer(Fitting):
         return RunAgain(state)
 
 
+def _children_until(agent: AgentSpec, deadline: float | None, now: float) -> float:
+    """When a wait for children ends: at the turn's deadline, or ``children_timeout_s`` on."""
+    bound = now + agent.children_timeout_s
+    return bound if deadline is None else min(deadline, bound)
+
+
 def replace_args(call: ToolCall, arguments: str) -> ToolCall:
     return call.model_copy(update={"arguments": arguments})
+
+
+def _blocked(
+    call: ToolCall, arguments: dict[str, Any] | None, error: str, now: float
+) -> ToolExecution:
+    """A call to a sub-agent that starts no child: its error result for the model."""
+    return ToolExecution(
+        call_id=call.id,
+        name=call.name,
+        arguments=arguments,
+        outcome="blocked",
+        error=error,
+        content=error_content(error),
+        started_at=now,
+        completed_at=now,
+    )

@@ -44,7 +44,7 @@ from contracts.state import (
 from contracts.turns import FinishReason, TurnError, TurnRequest
 from worker.loop.announce import delta_publisher
 from worker.loop.approvals import undecided
-from worker.loop.budgets import configured, turn_spend
+from worker.loop.budgets import configured, own_spend
 from worker.loop.children import agent_tools, unanswered_children
 from worker.loop.completion import Completion
 from worker.loop.hooks import Hook, HookContext
@@ -342,7 +342,7 @@ class Loop(Completion):
         final = closed(state, appended=len(append) if persist else 0, now=now)
         saved = await self.store.save(final, append=append if persist else (), result=result)
         if self.ledger is not None and not agent.daily_budget.empty:
-            await self.ledger.add_spent(ex.request.agent, turn_spend(ex, now))
+            await self.ledger.add_spent(ex.request.agent, own_spend(ex, now))
         observe(self.observer.turn_finished, result)
         if step is not None:
             await self._emit_step(state, step, invoked=invoked)

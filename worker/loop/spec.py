@@ -88,6 +88,13 @@ class AgentSpec(Contract):
         le=30 * 24 * 3600,
         description="A call undecided this long is rejected.",
     )
+    children_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="A child turn (a sub-agent call, a workflow node) that has not answered "
+        "this long ends as an error for the caller, and is cancelled.",
+    )
 
     budget: Budget = Field(default=NO_BUDGET, description="What one turn may spend.")
     session_budget: Budget = Field(

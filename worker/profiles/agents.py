@@ -78,6 +78,12 @@ class WorkflowProfile(Workflow):
     budget: Budget = Field(
         default=NO_BUDGET, description="What one turn may spend, nodes' included."
     )
+    children_timeout_s: float = Field(
+        default=AgentSpec.model_fields["children_timeout_s"].default,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="A node that has not answered this long ends as an error, and is cancelled.",
+    )
 
 
 class AgentProfiles(Contract):
@@ -115,7 +121,10 @@ class AgentProfiles(Contract):
                     description=flow.description,
                     tools=(),
                     budget=flow.budget,
-                    workflow=Workflow.model_validate(flow.model_dump(exclude={"budget"})),
+                    children_timeout_s=flow.children_timeout_s,
+                    workflow=Workflow.model_validate(
+                        flow.model_dump(exclude={"budget", "children_timeout_s"})
+                    ),
                 )
             )
         # the profiles with the workflows' added (set in place: a validator of a model built by

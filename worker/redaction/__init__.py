@@ -11,7 +11,8 @@ its ``redaction`` block (``worker.redaction.config``). The hook set
 - *before a tool runs*: placeholders in the arguments are restored, deep in
   nested objects and lists. A placeholder the session does not know, or a
   mangled one (``«EMAIL_1``, ``<EMAIL_1>``), is left as written and recorded
-  in ``ToolExecution.unresolved_placeholders`` and the ``tool.invoked`` event;
+  in ``ToolExecution.unresolved_placeholders`` and the ``tool.invoked`` event. A call to a
+  sub-agent is not restored: the child turn gets the placeholders, never the values;
 - *after a tool returned*: its value, error and content are redacted with the
   session's placeholders before anything stores, publishes or shows them (a
   tool error that echoes an argument is redacted like a result);

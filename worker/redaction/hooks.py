@@ -52,7 +52,11 @@ class RedactionHooks(Hook):
         return out
 
     async def before_tool(self, ctx: HookContext, call: ToolInvocation) -> ToolInvocation | Blocked:
-        """Restore the session's placeholders in the arguments, however deep."""
+        """Restore the session's placeholders in the arguments, however deep; a call to a
+        sub-agent keeps them (its child turn, its model, history, events and result, gets the
+        placeholders, never the values)."""
+        if ctx.agent.sub_agent(call.name) is not None:
+            return call
         restored = await self.redactor.restore(ctx.state.session_id, call.arguments)
         self._restored[_key(ctx, call.call_id)] = restored
         if restored.unresolved:

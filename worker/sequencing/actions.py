@@ -4,6 +4,7 @@ only then acks the message."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts.control import TurnCancel, TurnChildResult
@@ -98,9 +99,10 @@ def to_parent(result: TurnResult) -> list[Action]:
 
 
 def cancel_children(
-    orphans: tuple[ChildTurn, ...], turn_id: str, reason: FinishReason
+    orphans: Sequence[ChildTurn], turn_id: str, reason: FinishReason | str
 ) -> list[Action]:
-    """A cancel for each child a turn still waited on when it ended."""
+    """A cancel for each child a turn still waited on when it ended (``reason``: how it
+    ended), or when its wait for them ended."""
     return [
         Control(
             TurnCancel(

@@ -2,7 +2,10 @@
 ``turn.cancel``, ``turn.decision`` and ``turn.child_result`` are recorded beside the turn
 (once each: a copy is a no-op) and applied under the session's lease by the step they wake; a
 parked turn's step merges what was recorded (decisions, child results) or, at its timeout,
-what the timeout decides. ``SessionSequencer`` (``worker.sequencing.sequencer``) mixes it in.
+what the timeout decides (for children: an error result for each child still out, which is
+cancelled). A child turn that cannot run reports to its parent all the same: a rejected request
+(``on_refused``) with an error, one accepted after its parent ended is cancelled at once.
+``SessionSequencer`` (``worker.sequencing.sequencer``) mixes it in.
 """
 
 from __future__ import annotations
@@ -12,19 +15,29 @@ from collections.abc import Awaitable, Callable
 
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import ChildFinished
-from contracts.state import AgentState, StopSignal
+from contracts.state import AgentState, ChildTurn, StopSignal
 from contracts.turns import TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker.loop import EventSink, Finished, Loop, Waiting, new_execution
 from worker.loop.announce import announce
 from worker.loop.approvals import timed_out, with_decisions
-from worker.loop.children import with_child_results
+from worker.loop.children import child_failed, late_children, with_child_results
 from worker.loop.ports import LoopObserver, observe
 from worker.loop.turn import turn_of, turn_result, with_execution
 from worker.profiles.agents import AgentProfile, ProfileLookup
 from worker.runtime import failpoints
 from worker.runtime.tracing import Tracing
-from worker.sequencing.actions import Action, Delay, Drop, Reply, Start, Step, wake
+from worker.sequencing.actions import (
+    Action,
+    Control,
+    Delay,
+    Drop,
+    Reply,
+    Start,
+    Step,
+    cancel_children,
+    wake,
+)
 from worker.session.port import SessionStore, StepSession
 
 log = logging.getLogger("loopwire.sequencer")
@@ -131,6 +144,37 @@ class Controls:
             return [Drop(f"second result for call {parent.call_id}", "duplicate")]
         return wake(parent.session_id, parent.turn_id, recorded.parked)
 
+    async def _orphaned(self, request: TurnRequest) -> list[Action]:
+        """A child turn just accepted whose parent has ended meanwhile (its cancel came before
+        the child was known, and found nothing): it is cancelled now, before it runs."""
+        parent = request.parent
+        if parent is None:
+            return []
+        ended = await self.store.result(parent.session_id, parent.turn_id)
+        if ended is None:
+            return []
+        cancel = TurnCancel(
+            turn_id=request.turn_id,
+            session_id=request.session_id,
+            reason=f"parent {ended.finish_reason}",
+            by=f"turn {parent.turn_id}",
+        )
+        return await self.on_cancel(cancel)
+
+    def on_refused(self, request: TurnRequest, code: str, reason: str) -> list[Action]:
+        """A turn request that is rejected (dead-lettered): a child's parent gets the error as
+        its call's result, so that its wait ends (a copy of it is a no-op there)."""
+        parent = request.parent
+        if parent is None:
+            return []
+        child = ChildTurn(
+            call_id=parent.call_id,
+            turn_id=request.turn_id,
+            session_id=request.session_id,
+            agent=request.agent,
+        )
+        return [Control(child_failed(parent, child, code, f"not run: {reason}", self.clock()))]
+
     async def _wake_parked(
         self, state: AgentState, session: StepSession, work: StepWork
     ) -> AgentState | list[Action]:
@@ -171,6 +215,9 @@ class Controls:
                 return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
             if self.clock() < work.wait_until:
                 return [Delay(work)]
+            late = late_children(state, session.children, self.clock())
+            if late:
+                return await self._give_up_on(late, work)
         # as they came: the loop passes them through the agent's after_tool hooks (and cuts them
         # to max_tool_result_chars) before the model sees them
         merged, fresh = with_child_results(state, session.children)
@@ -194,6 +241,19 @@ class Controls:
                 call_id=child.call_id,
             )
         return merged
+
+    async def _give_up_on(
+        self, late: list[tuple[ChildTurn, TurnChildResult]], work: StepWork
+    ) -> list[Action]:
+        """The wait for children is over: each child still out gets its error result recorded
+        as its answer (a copy, or its real answer coming later, is a no-op) and is cancelled;
+        the parked step is published, and merges them as it merges any answer."""
+        for child, failed in late:
+            await self.store.record_control(
+                work.session_id, work.turn_id, f"child:{child.call_id}", failed
+            )
+        gone = cancel_children([child for child, _ in late], work.turn_id, "stopped waiting")
+        return [*gone, Step(work.model_copy(update={"wait_until": None}))]
 
     def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:
         """The turn is parked: its timeout message goes out (again, when a step message finds

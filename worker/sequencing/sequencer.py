@@ -135,9 +135,10 @@ class SessionSequencer(Controls, Erasure):
                 return [first_step(request.session_id, request.turn_id)]
             return [Drop("duplicate turn request: still queued or running", "duplicate_request")]
         await self._emit_accepted(request, accepted.accepted_at)
-        if accepted.status == "start":
-            return [first_step(request.session_id, request.turn_id)]
-        return []
+        kick = (
+            [first_step(request.session_id, request.turn_id)] if accepted.status == "start" else []
+        )
+        return [*kick, *await self._orphaned(request)]
 
     async def on_step(self, work: StepWork, *, redone: bool = False) -> list[Action]:
         """Run one step of ``work``'s turn; ``redone``: its message was taken before (a

@@ -36,7 +36,7 @@ def sequencer_over(
     clock: Callable[[], float] = time.time,
 ) -> SessionSequencer:
     """Every agent in ``agents`` (a name: a profile with defaults) may use every tool of
-    ``definitions``; ``clock``: the time the loops and the sequencer read."""
+    ``definitions``; ``clock``: the loops' and the sequencer's time."""
 
     def loop_factory(session: StepSession, _profile: AgentProfile, redone: bool) -> Loop:
         return Loop(

@@ -278,6 +278,13 @@ class Consumer:
                 ended = Ack()
             if isinstance(ended, Retry):
                 return ended
+        child = (
+            _child_request(message.body)
+            if headers.get(t.H_KIND, t.KIND_START) == t.KIND_START
+            else None
+        )
+        if child is not None:  # its parent waits for it: it hears of the rejection
+            await self._perform(self.work.on_refused(child, letter.code, reason))
         log.warning("dead-lettering work (%s): %s", letter.code, reason)
         await self.dead_letters.publish(
             message.body,
@@ -364,6 +371,15 @@ def _step_work(body: bytes) -> StepWork | None:
         return decode(body, StepWork)
     except DecodeError:
         return None
+
+
+def _child_request(body: bytes) -> TurnRequest | None:
+    """The child turn's request in a rejected message, where it is one."""
+    try:
+        request = decode(body, TurnRequest)
+    except DecodeError:
+        return None
+    return request if request.parent is not None else None
 
 
 def _readable_ids(body: bytes) -> tuple[str | None, str | None, str | None]:
