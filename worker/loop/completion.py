@@ -104,6 +104,8 @@ class Completion(Composer):
             context_forced=False,
         )
         saved = await self._save(state, append=[response.message])
+        if call.held is not None:  # the text as the hooks left it, as saved
+            await call.held.replay(content or "")
         if "model.responded" in self.announced:
             await self._emit(
                 "model.responded",

@@ -47,7 +47,7 @@ from worker.loop.approvals import undecided
 from worker.loop.budgets import configured, turn_spend
 from worker.loop.children import agent_tools, unanswered_children
 from worker.loop.completion import Completion
-from worker.loop.hooks import Hook, HookContext
+from worker.loop.hooks import Hook, HookContext, rewrites_answer
 from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome, Waiting
 from worker.loop.ports import (
     EventSink,
@@ -244,7 +244,9 @@ class Loop(Completion):
             offered = []
             messages = [*messages, ChatMessage(role="user", content=agent.budget_note)]
         stream = self._stream(state, index, self.redone) if self._streams(agent, state) else None
-        request = model_request(state, agent, messages, offered, self.clock(), stream)
+        held = stream if stream is not None and rewrites_answer(self.hooks) else None
+        live = None if held is not None else stream
+        request = model_request(state, agent, messages, offered, self.clock(), live)
         if self.limiter is not None:
             wait = await self.limiter.admit(messages, request.max_tokens)
             if wait > 0:
@@ -273,6 +275,7 @@ class Loop(Completion):
             sent_tokens=fitted.tokens if fitted is not None else None,
             raw_tokens=fitted.raw_tokens if fitted is not None else None,
             summarized=fitted.summarized if fitted is not None else False,
+            held=held,
         )
 
     def _streams(self, agent: AgentSpec, state: AgentState) -> bool:
