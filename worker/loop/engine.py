@@ -172,6 +172,10 @@ class Loop(Completion):
                 return phase  # the step is to be sent again (its request was too long)
         if isinstance(phase, Finished | Waiting):
             return phase
+        if self.store.cancelled():
+            # a cancel came while the model thought: no tool goes out; the step goes back with
+            # its saved answer, and its turn is ended for the cancel
+            return phase
         state = phase.state
         ex = turn_of(state)
         if ex.pending is not None and ex.stop_signal is None and _gated_by_approval(ex.wait):
