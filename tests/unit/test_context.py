@@ -14,7 +14,7 @@ from contracts.state import ModelResponse
 from contracts.tools import ToolContext
 from tests.unit.world import World, request, world
 from worker.errors import ModelError
-from worker.loop.context import SUMMARY_PROMPT
+from worker.loop.context import SUMMARY_PROMPT, estimate
 from worker.loop.ports import ModelRequest
 
 BUDGET = 1200
@@ -174,3 +174,50 @@ async def test_a_request_the_model_finds_too_long_is_trimmed_once() -> None:
     sizes = [len(r.messages) for a, r in w.model.requests]
     after = sizes[sizes.index(refused[0]) + 1]
     assert after < refused[0]
+
+
+def documented(request: ModelRequest) -> int:
+    """A request's size by the documented estimate (``worker.loop.context.estimate``)."""
+    return sum(estimate(m.model_dump(mode="json", exclude_none=True)) for m in request.messages)
+
+
+def as_documented(request: ModelRequest, message: ChatMessage) -> ModelResponse:
+    """An answer whose ``prompt_tokens`` is the documented estimate of what it was sent."""
+    size = documented(request)
+    usage = Usage(prompt_tokens=size, completion_tokens=20, total_tokens=size + 20)
+    reason = "tool_calls" if message.tool_calls else "stop"
+    return ModelResponse(message=message, usage=usage, finish_reason=reason)
+
+
+@pytest.mark.parametrize("summary_chars", [400, 1600])
+async def test_the_budget_and_the_reported_estimate_count_a_new_summary(
+    summary_chars: int,
+) -> None:
+    budget = 800
+
+    def agent(request: ModelRequest) -> ModelResponse:
+        return as_documented(request, agent_answer(request).message)
+
+    def summarize(request: ModelRequest) -> ModelResponse:
+        text = "a summary of the conversation " * (summary_chars // 30)
+        return as_documented(request, ChatMessage(role="assistant", content=text))
+
+    profile = {
+        "name": "a",
+        "limits": {"empty_streak_after": 0},
+        "context": {"max_tokens": budget, "strategy": "summarize", "keep_last": 4},
+    }
+    w = world(
+        {"agents": [profile]},
+        {"a": agent, SUMMARY_PROMPT: summarize},
+        tools={"lookup": lookup},
+    )
+    await run_turns(w, 30)
+
+    sent = [r for a, r in w.model.requests if a == "a"]
+    steps = [e.data for e in w.events.events if e.type == "step.completed"]
+    assert any(s.summarized for s in steps)  # type: ignore[union-attr]
+    assert len(sent) == len(steps)
+    for request_sent, step in zip(sent, steps, strict=True):
+        assert documented(request_sent) <= budget
+        assert step.input_tokens_estimate == documented(request_sent)  # type: ignore[union-attr]

@@ -8,7 +8,9 @@ With ``max_tokens`` set, each model call is sent at most that many (estimated) t
 - ``summarize`` cuts the same way, and sends in place of what it dropped one message with a
   summary of it, made by one model call (the agent's model, or ``summary_model``) and saved
   in the session state at once, so that it is made once: a later cut folds the summary before
-  into the next one. The summary call's usage counts in the turn's usage and budgets.
+  into the next one. The summary counts in the budget: when a new one leaves too little room
+  for what follows it, what the cut then passes is folded in too (``worker.loop.fitting``).
+  The summary call's usage counts in the turn's usage and budgets.
 
 The full history stays in Redis as it is; only what is sent is cut. The size is estimated
 without a tokenizer: ``(characters / 4 + 4)`` per message, scaled by the ratio between the
