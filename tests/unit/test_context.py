@@ -221,3 +221,46 @@ async def test_the_budget_and_the_reported_estimate_count_a_new_summary(
     for request_sent, step in zip(sent, steps, strict=True):
         assert documented(request_sent) <= budget
         assert step.input_tokens_estimate == documented(request_sent)  # type: ignore[union-attr]
+
+
+async def test_a_persist_false_turn_leaves_the_sessions_summary_and_token_ratio() -> None:
+    summaries: list[ModelRequest] = []
+
+    def agent(request: ModelRequest) -> ModelResponse:
+        answer = agent_answer(request)
+        user = next(m.content or "" for m in reversed(request.messages) if m.role == "user")
+        if not user.startswith("an aside"):
+            return answer
+        usage = Usage(prompt_tokens=2 * tokens(request), completion_tokens=20)
+        return answer.model_copy(update={"usage": usage})  # another model's tokenizer
+
+    profile = {
+        "name": "a",
+        "limits": {"empty_streak_after": 0},
+        "context": {"max_tokens": BUDGET, "strategy": "summarize", "keep_last": 4},
+    }
+    w = world(
+        {"agents": [profile]},
+        {"a": agent, SUMMARY_PROMPT: summarizer(summaries)},
+        tools={"lookup": lookup},
+    )
+    await run_turns(w, 12)
+    before = w.store.states["S1"]
+    assert before.summary is not None and before.token_ratio is not None
+    made = len(summaries)
+
+    for i in range(3):
+        text = "an aside " + "z" * 2400
+        await w.run(request("a", f"{text} {i}", turn_id=f"X{i}", persist=False))
+        assert w.result(f"X{i}").finish_reason == "stop"
+
+    after = w.store.states["S1"]
+    assert (after.summary, after.token_ratio) == (before.summary, before.token_ratio)
+    assert len(summaries) == made
+    assert after.history_len == before.history_len
+    check_requests(w, BUDGET)
+    # its requests still carry the session's summary, before what its cut left
+    asides = [r for a, r in w.model.requests if a == "a"][-6:]
+    assert before.summary is not None
+    shown = f"Summary of the earlier conversation:\n{before.summary.text}"
+    assert all(r.messages[1].content == shown for r in asides)

@@ -15,8 +15,10 @@ With ``max_tokens`` set, each model call is sent at most that many (estimated) t
 The full history stays in Redis as it is; only what is sent is cut. The size is estimated
 without a tokenizer: ``(characters / 4 + 4)`` per message, scaled by the ratio between the
 last model answer's ``prompt_tokens`` and the estimate of what it was sent (kept in the
-session state). A model error that says the context is too long makes the step try once more
-with half the estimated size (``worker.loop.completion``).
+session state). A ``persist: false`` turn changes neither the summary nor the ratio: it sends
+the session's summary but makes none (its cut past it drops, as ``window``). A model error
+that says the context is too long makes the step try once more with half the estimated size
+(``worker.loop.completion``).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class Fitting(Gates):
             return base + cut_point(raw[base:], fixed, limit, keep - base, ratio).start
 
         start = cut_behind(summary, base)
-        folds = 0
+        folds = 0 if ex.request.persist else MAX_FOLDS  # persist: false makes no summary
         while budget.strategy == "summarize" and start > base and folds < MAX_FOLDS:
             # what is cut goes into the summary; the new summary takes room too, so what
             # follows it may have to go in as well
@@ -90,7 +90,9 @@ class Fitting(Gates):
                 break
             state, summary, base = made, made.summary, start
             start = cut_behind(summary, base)
-        shown = summary if base and base == start else None  # else a window, no summary
+        # the summary goes with what follows it; a persist: false turn sends the session's
+        # before what its cut leaves, else a summary that does not reach the cut is not sent
+        shown = summary if base and (base == start or not ex.request.persist) else None
         sent: list[ChatMessage] | Transcript
         if shown is not None:
             sent = [*([system] if system else []), summary_message(shown.text)]
