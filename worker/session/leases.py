@@ -91,13 +91,10 @@ class LeaseKeeper:
     ) -> None:
         """Keep ``handle``'s lease (taken just now); ``cancelled`` is called when a renewal finds
         its turn cancelled (the step abandons what it waits for)."""
-        timers = self._timers()
-        due = self.held[handle] = timers.time() + self.interval
         self.steps[handle] = step
         if cancelled is not None:
             self.on_cancel[handle] = cancelled
-        if self._timer is None:  # else it is set for a renewal due no later than this one
-            self._timer = timers.call_at(due, self._tick)
+        self._due(handle, self._timers().time() + self.interval)
 
     def drop(self, handle: StepSession) -> None:
         self.held.pop(handle, None)
@@ -118,14 +115,21 @@ class LeaseKeeper:
     def _schedule(self) -> None:
         """Set the timer for the earliest renewal due (of the leases with none in flight)."""
         waiting = [at for h, at in self.held.items() if h not in self.renewing]
-        if not waiting:
-            return
-        first = min(waiting)
+        if waiting:
+            self._timer_by(min(waiting))
+
+    def _due(self, handle: StepSession, at: float) -> None:
+        """``handle``'s next renewal is due ``at``."""
+        self.held[handle] = at
+        self._timer_by(at)
+
+    def _timer_by(self, at: float) -> None:
+        """The timer fires at ``at`` or before (it is set for the earliest renewal due)."""
         if self._timer is not None:
-            if self._timer.when() <= first:
+            if self._timer.when() <= at:
                 return
             self._timer.cancel()
-        self._timer = self._timers().call_at(first, self._tick)
+        self._timer = self._timers().call_at(at, self._tick)
 
     async def _renew(self, due: list[StepSession], sent: float) -> None:
         await asyncio.gather(*(self._renew_one(handle, sent) for handle in due))
@@ -141,13 +145,12 @@ class LeaseKeeper:
                 self._renewed(handle, renewed, sent)
         finally:
             self.renewing.discard(handle)
-            self._schedule()
 
     def _renewed(self, handle: StepSession, renewed: Renewal | None, sent: float) -> None:
         if renewed is None:  # tried again soon
-            self.held[handle] = self._timers().time() + self.interval / 2
+            self._due(handle, self._timers().time() + self.interval / 2)
         elif renewed != "lost":
-            self.held[handle] = sent + self.interval
+            self._due(handle, sent + self.interval)
             if renewed == "cancelled" and (cancelled := self.on_cancel.pop(handle, None)):
                 log.info("turn of %s was cancelled while it ran", self.steps.get(handle))
                 cancelled()
