@@ -80,8 +80,9 @@ class Fitting(Gates):
             return base + cut_point(raw[base:], fixed, limit, keep - base, ratio).start
 
         start = cut_behind(summary, base)
-        folds = 0 if ex.request.persist else MAX_FOLDS  # persist: false makes no summary
-        while budget.strategy == "summarize" and start > base and folds < MAX_FOLDS:
+        folds = 0
+        makes = budget.strategy == "summarize" and ex.request.persist  # else it makes none
+        while makes and start > base and folds < MAX_FOLDS:
             # what is cut goes into the summary; the new summary takes room too, so what
             # follows it may have to go in as well
             made = await self._summarize(state, agent, budget, summary, raw, base, start)
