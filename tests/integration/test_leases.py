@@ -71,7 +71,7 @@ SLOW_TTL_S = 1.2
 
 
 class SlowRenewals(RedisStore):
-    """Redis answering renewals slowly (a quarter of the TTL: longer than the keeper's tick,
+    """Redis answering renewals slowly (a quarter of the TTL: most of the time between two,
     well within the lease): counts how many renewals of one lease run at once."""
 
     def __init__(self, redis: Redis) -> None:

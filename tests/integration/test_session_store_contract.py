@@ -241,6 +241,26 @@ async def test_a_cancel_is_recorded_once_and_read_with_the_lease_and_the_renewal
     assert await store.renew(after) == "held"
 
 
+async def test_a_save_reads_a_cancel_recorded_while_the_step_ran(
+    store: SessionStore, uid: str
+) -> None:
+    first = turn(uid, 1)
+    await store.accept(first)
+    session = await take_for(store, first)
+    state = new_execution(session.take_state(), first, AGENT, time.time())
+    state = await session.save(state, append=[m.to_chat() for m in first.input])
+    assert session.cancel is None and not session.cancelled()
+    assert await record_cancel(store, first) == "recorded"
+    await session.save(state)
+    assert session.cancel == cancel_of(first) and session.cancelled()
+
+
+async def take_for(store: SessionStore, request: TurnRequest) -> StepSession:
+    session = await store.take(request.session_id, request.turn_id)
+    assert session is not None, "the lease should be free"
+    return session
+
+
 async def test_a_queued_turn_is_ended_in_place_and_the_running_one_is_not(
     store: SessionStore, uid: str
 ) -> None:

@@ -14,7 +14,7 @@ from contracts.state import ModelResponse
 from contracts.tools import ToolContext
 from tests.unit.world import World, request, world
 from worker.errors import ModelError
-from worker.loop.context import SUMMARY_PROMPT
+from worker.loop.context import SUMMARY_PROMPT, estimate
 from worker.loop.ports import ModelRequest
 
 BUDGET = 1200
@@ -174,3 +174,93 @@ async def test_a_request_the_model_finds_too_long_is_trimmed_once() -> None:
     sizes = [len(r.messages) for a, r in w.model.requests]
     after = sizes[sizes.index(refused[0]) + 1]
     assert after < refused[0]
+
+
+def documented(request: ModelRequest) -> int:
+    """A request's size by the documented estimate (``worker.loop.context.estimate``)."""
+    return sum(estimate(m.model_dump(mode="json", exclude_none=True)) for m in request.messages)
+
+
+def as_documented(request: ModelRequest, message: ChatMessage) -> ModelResponse:
+    """An answer whose ``prompt_tokens`` is the documented estimate of what it was sent."""
+    size = documented(request)
+    usage = Usage(prompt_tokens=size, completion_tokens=20, total_tokens=size + 20)
+    reason = "tool_calls" if message.tool_calls else "stop"
+    return ModelResponse(message=message, usage=usage, finish_reason=reason)
+
+
+@pytest.mark.parametrize("summary_chars", [400, 1600])
+async def test_the_budget_and_the_reported_estimate_count_a_new_summary(
+    summary_chars: int,
+) -> None:
+    budget = 800
+
+    def agent(request: ModelRequest) -> ModelResponse:
+        return as_documented(request, agent_answer(request).message)
+
+    def summarize(request: ModelRequest) -> ModelResponse:
+        text = "a summary of the conversation " * (summary_chars // 30)
+        return as_documented(request, ChatMessage(role="assistant", content=text))
+
+    profile = {
+        "name": "a",
+        "limits": {"empty_streak_after": 0},
+        "context": {"max_tokens": budget, "strategy": "summarize", "keep_last": 4},
+    }
+    w = world(
+        {"agents": [profile]},
+        {"a": agent, SUMMARY_PROMPT: summarize},
+        tools={"lookup": lookup},
+    )
+    await run_turns(w, 30)
+
+    sent = [r for a, r in w.model.requests if a == "a"]
+    steps = [e.data for e in w.events.events if e.type == "step.completed"]
+    assert any(s.summarized for s in steps)  # type: ignore[union-attr]
+    assert len(sent) == len(steps)
+    for request_sent, step in zip(sent, steps, strict=True):
+        assert documented(request_sent) <= budget
+        assert step.input_tokens_estimate == documented(request_sent)  # type: ignore[union-attr]
+
+
+async def test_a_persist_false_turn_leaves_the_sessions_summary_and_token_ratio() -> None:
+    summaries: list[ModelRequest] = []
+
+    def agent(request: ModelRequest) -> ModelResponse:
+        answer = agent_answer(request)
+        user = next(m.content or "" for m in reversed(request.messages) if m.role == "user")
+        if not user.startswith("an aside"):
+            return answer
+        usage = Usage(prompt_tokens=2 * tokens(request), completion_tokens=20)
+        return answer.model_copy(update={"usage": usage})  # another model's tokenizer
+
+    profile = {
+        "name": "a",
+        "limits": {"empty_streak_after": 0},
+        "context": {"max_tokens": BUDGET, "strategy": "summarize", "keep_last": 4},
+    }
+    w = world(
+        {"agents": [profile]},
+        {"a": agent, SUMMARY_PROMPT: summarizer(summaries)},
+        tools={"lookup": lookup},
+    )
+    await run_turns(w, 12)
+    before = w.store.states["S1"]
+    assert before.summary is not None and before.token_ratio is not None
+    made = len(summaries)
+
+    for i in range(3):
+        text = "an aside " + "z" * 2400
+        await w.run(request("a", f"{text} {i}", turn_id=f"X{i}", persist=False))
+        assert w.result(f"X{i}").finish_reason == "stop"
+
+    after = w.store.states["S1"]
+    assert (after.summary, after.token_ratio) == (before.summary, before.token_ratio)
+    assert len(summaries) == made
+    assert after.history_len == before.history_len
+    check_requests(w, BUDGET)
+    # its requests still carry the session's summary, before what its cut left
+    asides = [r for a, r in w.model.requests if a == "a"][-6:]
+    assert before.summary is not None
+    shown = f"Summary of the earlier conversation:\n{before.summary.text}"
+    assert all(r.messages[1].content == shown for r in asides)

@@ -520,6 +520,49 @@ async def test_cancel_reaches_a_step_waiting_on_the_model_through_its_lease_rene
     assert [e.type for e in events.events][-1] == "turn.cancelled"
 
 
+class GatedModel:
+    """A model that answers with ``answer`` once the test lets it."""
+
+    def __init__(self, answer: ModelResponse) -> None:
+        self.answer = answer
+        self.called = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+        self.called.set()
+        return self._answer()
+
+    async def _answer(self) -> ModelResponse:
+        await self.go.wait()
+        return self.answer
+
+
+async def test_a_cancel_recorded_while_the_model_thinks_stops_the_tools_it_then_asks_for() -> None:
+    store = MemoryStore()  # no renewal comes before the model answers
+    model = GatedModel(calls_lookup("Let me look."))
+    tools = FunctionTools({"lookup": lookup})
+    events = ListSink()
+    sequencer = sequencer_over(store, model=model, tools=tools, definitions=[LOOKUP], events=events)
+    await sequencer.on_request(request("t1"))
+    step = asyncio.create_task(sequencer.on_step(work("t1", 0)))
+    await asyncio.wait_for(model.called.wait(), 2)
+    assert await sequencer.on_cancel(cancel("t1")) == []
+    model.go.set()
+
+    actions = await asyncio.wait_for(step, 2)
+    assert tools.calls == []
+    result = replied(actions)
+    assert (result.finish_reason, result.stopped_by, result.content) == (
+        "cancelled",
+        "user left",
+        "Let me look.",
+    )
+    assert not any(e.type == "tool.invoking" for e in events.events)
+    history = store.histories[SESSION]
+    assert [m.role for m in history] == ["user", "assistant", "tool"]  # the call, answered
+    assert "not run" in (history[-1].content or "")
+
+
 # -- approval ---------------------------------------------------------------------------------
 
 

@@ -12,13 +12,16 @@ import pytest
 
 from contracts.events import Event, MessageDelta, StepCompleted, make_event
 from contracts.messages import ChatMessage, Usage
+from contracts.state import ModelResponse
 from contracts.streaming import StreamText, follow_text
-from tests.unit.world import request, says, world
+from tests.unit.world import World, request, says, world
 from worker.errors import ModelError
+from worker.loop.hooks import Hook, HookContext, Hooks
 from worker.loop.ports import ModelRequest
 from worker.loop.streaming import StepStream, StreamSettings
 from worker.model.adapter import OpenAIModel
 from worker.model.http import ModelClient, ModelHttpClient
+from worker.profiles.guards import ContentGuard, ContentGuardConfig, ContentRule
 from worker.testing.replies import Reply
 from worker.testing.scripted_model import ScriptedModel
 
@@ -281,3 +284,44 @@ async def test_who_turns_streaming_on(
     assert w.result("T1").content == "Hello there"
     assert (w.model.asked("a")[0].stream is not None) is streams
     assert any(e.type == "message.delta" for e in w.events.events) is streams
+
+
+CARD = "my card is 4111 1111 1111 1111, keep it"
+
+
+def guarded(*hooks: Hook) -> World:
+    return world(
+        {"agents": [{"name": "a", "stream": True}]},
+        {"a": lambda _r: says(CARD)},
+        Hooks(hooks),
+    )
+
+
+def card_guard() -> ContentGuard:
+    rule = ContentRule(name="card", pattern=r"\b(?:\d[ -]?){13,16}\b", replacement="Withheld.")
+    return ContentGuard(ContentGuardConfig(rules=(rule,)))
+
+
+async def test_a_guarded_agents_stream_shows_only_what_its_guard_lets_through() -> None:
+    w = guarded(card_guard())
+    await w.run(request("a", "hi"))
+    assert w.result("T1").content == "Withheld."
+    deltas = [e for e in w.events.events if e.type == "message.delta"]
+    assert [e.data.text for e in deltas] == ["Withheld."]  # type: ignore[union-attr]
+    assert not any("4111" in str(e.data) for e in w.events.events)
+    types = [e.type for e in w.events.events]
+    assert types.index("message.delta") < types.index("step.completed")
+
+
+async def test_a_hook_whose_after_model_only_reads_keeps_the_live_stream() -> None:
+    class Reads(Hook):
+        changes_answer = False
+
+        async def after_model(self, ctx: HookContext, response: ModelResponse) -> ModelResponse:
+            return response
+
+    w = guarded(Reads())
+    await w.run(request("a", "hi"))
+    deltas = [e for e in w.events.events if e.type == "message.delta"]
+    assert len(deltas) > 1  # in pieces, as the model wrote them
+    assert "".join(e.data.text for e in deltas) == CARD  # type: ignore[union-attr]

@@ -90,8 +90,9 @@ class Completion(Composer):
             sent_tokens=call.sent_tokens,
             summarized=call.summarized,
         )
-        if call.raw_tokens and response.usage.prompt_tokens:
-            # what the estimate missed by, for the next one (``worker.loop.context``)
+        if call.raw_tokens and response.usage.prompt_tokens and ex.request.persist:
+            # what the estimate missed by, for the next one (``worker.loop.context``); a
+            # persist: false turn leaves the session's ratio as it was
             ratio = response.usage.prompt_tokens / call.raw_tokens
             state = state.model_copy(update={"token_ratio": ratio})
         state = with_execution(
@@ -104,6 +105,8 @@ class Completion(Composer):
             context_forced=False,
         )
         saved = await self._save(state, append=[response.message])
+        if call.held is not None:  # the text as the hooks left it, as saved
+            await call.held.replay(content or "")
         if "model.responded" in self.announced:
             await self._emit(
                 "model.responded",

@@ -8,13 +8,17 @@ With ``max_tokens`` set, each model call is sent at most that many (estimated) t
 - ``summarize`` cuts the same way, and sends in place of what it dropped one message with a
   summary of it, made by one model call (the agent's model, or ``summary_model``) and saved
   in the session state at once, so that it is made once: a later cut folds the summary before
-  into the next one. The summary call's usage counts in the turn's usage and budgets.
+  into the next one. The summary counts in the budget: when a new one leaves too little room
+  for what follows it, what the cut then passes is folded in too (``worker.loop.fitting``).
+  The summary call's usage counts in the turn's usage and budgets.
 
 The full history stays in Redis as it is; only what is sent is cut. The size is estimated
 without a tokenizer: ``(characters / 4 + 4)`` per message, scaled by the ratio between the
 last model answer's ``prompt_tokens`` and the estimate of what it was sent (kept in the
-session state). A model error that says the context is too long makes the step try once more
-with half the estimated size (``worker.loop.completion``).
+session state). A ``persist: false`` turn changes neither the summary nor the ratio: it sends
+the session's summary but makes none (its cut past it drops, as ``window``). A model error
+that says the context is too long makes the step try once more with half the estimated size
+(``worker.loop.completion``).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from worker.loop.approvals import undecided
 from worker.loop.budgets import configured, own_spend
 from worker.loop.children import agent_tools, unanswered_children
 from worker.loop.completion import Completion
-from worker.loop.hooks import Hook, HookContext
+from worker.loop.hooks import Hook, HookContext, rewrites_answer
 from worker.loop.outcomes import Finished, ModelCall, Phase, RunAgain, StepOutcome, Waiting
 from worker.loop.ports import (
     EventSink,
@@ -172,6 +172,10 @@ class Loop(Completion):
                 return phase  # the step is to be sent again (its request was too long)
         if isinstance(phase, Finished | Waiting):
             return phase
+        if self.store.cancelled():
+            # a cancel came while the model thought: no tool goes out; the step goes back with
+            # its saved answer, and its turn is ended for the cancel
+            return phase
         state = phase.state
         ex = turn_of(state)
         if ex.pending is not None and ex.stop_signal is None and _gated_by_approval(ex.wait):
@@ -244,7 +248,9 @@ class Loop(Completion):
             offered = []
             messages = [*messages, ChatMessage(role="user", content=agent.budget_note)]
         stream = self._stream(state, index, self.redone) if self._streams(agent, state) else None
-        request = model_request(state, agent, messages, offered, self.clock(), stream)
+        held = stream if stream is not None and rewrites_answer(self.hooks) else None
+        live = None if held is not None else stream
+        request = model_request(state, agent, messages, offered, self.clock(), live)
         if self.limiter is not None:
             wait = await self.limiter.admit(messages, request.max_tokens)
             if wait > 0:
@@ -273,6 +279,7 @@ class Loop(Completion):
             sent_tokens=fitted.tokens if fitted is not None else None,
             raw_tokens=fitted.raw_tokens if fitted is not None else None,
             summarized=fitted.summarized if fitted is not None else False,
+            held=held,
         )
 
     def _streams(self, agent: AgentSpec, state: AgentState) -> bool:

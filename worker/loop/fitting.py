@@ -30,6 +30,10 @@ from worker.runtime import failpoints
 
 log = logging.getLogger("loopwire.loop")
 
+MAX_FOLDS = 3
+"""Summary calls one step makes at most (a new summary may leave too little room for what
+follows it, which is then folded in as well)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Fitted:
@@ -60,31 +64,44 @@ class Fitting(Gates):
             budget = NO_CONTEXT_BUDGET.model_copy(update={"max_tokens": 1 << 40})
         system, raw = _split(messages)
         ratio = state.token_ratio or 1.0
-        fixed = estimate(_dump(system)) if system is not None else 0
+        prompt = estimate(_dump(system)) if system is not None else 0
         limit = budget.max_tokens or 0
         if ex.context_forced:  # the model refused the last request as too long: half of it
-            limit = min(limit, int((fixed + sum(estimate(m) for m in raw)) * ratio) // 2)
+            limit = min(limit, int((prompt + sum(estimate(m) for m in raw)) * ratio) // 2)
         keep = protected_from(raw, ex.history_start, budget.keep_last)
         summary = state.summary if budget.strategy == "summarize" else None
         base = summary.upto if summary is not None and summary.upto <= keep else 0
-        if summary is not None and base:
-            fixed += estimate(_dump(summary_message(summary.text)))
-        cut = cut_point(raw[base:], fixed, limit, keep - base, ratio)
-        start = base + cut.start
-        if budget.strategy == "summarize" and start > base:
-            made = await self._summarize(
-                state, agent, budget, summary if base else None, raw, base, start
-            )
-            if made is not None:
-                state, summary, base = made, made.summary, start
+        if not base:
+            summary = None
+
+        def cut_behind(summary: ContextSummary | None, base: int) -> int:
+            """Where the sent conversation starts behind ``summary`` (covering ``raw[:base]``)."""
+            fixed = prompt + _size(summary)
+            return base + cut_point(raw[base:], fixed, limit, keep - base, ratio).start
+
+        start = cut_behind(summary, base)
+        folds = 0
+        makes = budget.strategy == "summarize" and ex.request.persist  # else it makes none
+        while makes and start > base and folds < MAX_FOLDS:
+            # what is cut goes into the summary; the new summary takes room too, so what
+            # follows it may have to go in as well
+            made = await self._summarize(state, agent, budget, summary, raw, base, start)
+            folds += 1
+            if made is None:
+                break
+            state, summary, base = made, made.summary, start
+            start = cut_behind(summary, base)
+        # the summary goes with what follows it; a persist: false turn sends the session's
+        # before what its cut leaves, else a summary that does not reach the cut is not sent
+        shown = summary if base and (base == start or not ex.request.persist) else None
         sent: list[ChatMessage] | Transcript
-        if summary is not None and base and base == start:
-            sent = [*([system] if system else []), summary_message(summary.text)]
+        if shown is not None:
+            sent = [*([system] if system else []), summary_message(shown.text)]
             sent += list(StoredMessages(list(raw[start:])))
         else:
             sent = Transcript(system, StoredMessages(list(raw[start:])))
-        unscaled = fixed + sum(estimate(m) for m in raw[start:])
-        return Fitted(state, sent, round(unscaled * ratio), unscaled, base == start and base > 0)
+        unscaled = prompt + _size(shown) + sum(estimate(m) for m in raw[start:])
+        return Fitted(state, sent, round(unscaled * ratio), unscaled, shown is not None)
 
     async def _summarize(
         self,
@@ -134,6 +151,11 @@ def _split(messages: Sequence[ChatMessage]) -> tuple[ChatMessage | None, list[di
     system = listed[0] if listed and listed[0].role == "system" else None
     rest = listed[1:] if system is not None else listed
     return system, [_dump(m) for m in rest]
+
+
+def _size(summary: ContextSummary | None) -> int:
+    """The (unscaled) tokens of the message that sends ``summary``."""
+    return estimate(_dump(summary_message(summary.text))) if summary is not None else 0
 
 
 def _dump(message: ChatMessage) -> dict[str, Any]:

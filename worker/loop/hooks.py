@@ -81,6 +81,10 @@ class Hook:
     """Base hook: override any of the eight points."""
 
     name = "hook"
+    changes_answer = True
+    """Whether ``after_model``, where this hook overrides it, may change the answer: a streamed
+    answer is then held back until it ran (``worker.loop.streaming``). A hook whose
+    ``after_model`` only reads the answer says ``False`` and keeps the live stream."""
 
     async def before_execution(self, ctx: HookContext) -> None:
         """The turn is about to start (once per turn)."""
@@ -182,6 +186,13 @@ def rewrites_messages(hook: Hook) -> bool:
     if isinstance(hook, Hooks):
         return any(rewrites_messages(h) for h in hook.hooks)
     return type(hook).prepare_messages is not Hook.prepare_messages
+
+
+def rewrites_answer(hook: Hook) -> bool:
+    """Whether ``after_model`` of ``hook`` may change the answer (``Hook.changes_answer``)."""
+    if isinstance(hook, Hooks):
+        return any(rewrites_answer(h) for h in hook.hooks)
+    return type(hook).after_model is not Hook.after_model and hook.changes_answer
 
 
 def asks_approval(hook: Hook) -> bool:

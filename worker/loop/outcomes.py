@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from contracts.state import AgentState, ChildTurn, ModelResponse, TurnTrace
 from contracts.turns import TurnRequest, TurnResult
 from worker.loop.ports import Parked
+from worker.loop.streaming import StepStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,9 @@ class ModelCall:
     """With a context budget: the estimated tokens sent (unscaled: ``raw_tokens``)."""
     raw_tokens: int | None = None
     summarized: bool = False
+    held: StepStream | None = None
+    """A streamed answer held back (a hook may change it): its text goes out as one delta
+    once ``after_model`` ran."""
 
 
 Phase = RunAgain | Finished | ModelCall | Waiting

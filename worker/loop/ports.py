@@ -118,6 +118,12 @@ class StateStore(Protocol):
         whoever hears of a call finds it listed."""
         ...
 
+    def cancelled(self) -> bool:
+        """Whether the step's turn has a cancel recorded, as far as the store knows without
+        asking again (read with the lease, or by one of the step's saves): the step then
+        dispatches no tool."""
+        ...
+
     async def load_messages(self, state: AgentState) -> Sequence[ChatMessage]:
         """The conversation so far: session history before the turn plus this turn's messages
         (a ``worker.loop.transcript.StoredMessages`` spares building every message object)."""

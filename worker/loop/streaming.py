@@ -10,6 +10,12 @@ up, and what is left when the answer is complete. A step makes a handful of publ
 one per token; no timer runs, so a pause in the model's output holds its last piece until the
 next one or the end.
 
+An agent whose hooks may change the answer in ``after_model`` (``content_guard``;
+``worker.loop.hooks.rewrites_answer``) is not streamed live: its model is called without a
+stream, and the answer's text as the hooks left it goes out as one delta once they ran (the
+step's held ``StepStream``, published after the answer is saved), so a stream never shows what
+a guard withholds.
+
 The answer is saved exactly as without streaming. A step that is redone re-streams: when the
 model's answer was saved, its text goes out again as one delta; when it was not, the model is
 asked again. Either way the first delta of the redone step says ``restarted`` (so does the

@@ -204,6 +204,10 @@ class SessionSequencer(Controls, Erasure):
             await self.store.clear_approvals(work.turn_id, ready.waited)
         if isinstance(outcome, Finished):
             return await self._finished(outcome, ready.request, session)
+        if session.cancel is not None and not session.released:
+            # a save of the step found its turn cancelled before any tool went out: it ends
+            # now, under the lease, from that save
+            return await self._end_cancelled(session, outcome.state, work, session.cancel)
         next_ex = outcome.state.execution
         assert next_ex is not None
         failpoints.hit("step_saved")

@@ -128,6 +128,9 @@ class SessionHandle:
         state, self._state = self._state, None
         return state
 
+    def cancelled(self) -> bool:
+        return self.cancel is not None
+
     def park(self, state: AgentState) -> ParkedState:
         stored, self._stored = self._stored, None
         if stored is not None and stored[0] == state.version:
@@ -188,7 +191,7 @@ class SessionHandle:
         result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
         try:
             with self.store.timed("save"):
-                version, head, replies, waiting = await self.store._save(
+                version, head, replies, waiting, cancel = await self.store._save(
                     keys=[
                         keys.session_lease(sid),
                         keys.session_state(sid),
@@ -208,6 +211,8 @@ class SessionHandle:
                 raise StaleStateError(f"session {sid}: {exc}") from None
             raise
         self.released = release
+        if cancel and self.cancel is None:  # recorded while the step ran
+            self.cancel = decode(_bytes(cancel), TurnCancel)
         if parked == "-":
             self.parked = None
         elif parked:

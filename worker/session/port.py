@@ -78,7 +78,8 @@ class StepSession(StateStore, Protocol):
     turn_id: str
     """The turn the step is for (``""``: none named)."""
     cancel: TurnCancel | None
-    """The turn's cancel, when one was recorded before the lease was taken."""
+    """The turn's cancel, when one was recorded before the lease was taken or before one of
+    the step's saves (which reads it)."""
     decisions: dict[str, TurnDecision]
     """Decisions recorded for the turn's calls that wait for approval, by call id."""
     children: dict[str, TurnChildResult]

@@ -77,8 +77,9 @@ return 0
 # ``transient`` names and a result deletes). ``parked``: the step a turn parks at (recorded in
 # its controls, so that whoever records a control message kicks that step), '-' when it
 # resumes (the controls that woke it, now in its state, are dropped with it; a cancel stays),
-# '' otherwise. Returns {version, next head, replies, controls waiting}: the last is 1
-# when a turn parks while control messages for it were recorded already (it resumes at once).
+# '' otherwise. Returns {version, next head, replies, controls waiting, cancel}: ``controls
+# waiting`` is 1 when a turn parks while control messages for it were recorded already (it
+# resumes at once); ``cancel`` the turn's recorded cancel ('' when none, or the turn ended).
 SAVE: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
 local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
@@ -90,9 +91,9 @@ if n > 0 then
   redis.call('EXPIRE', KEYS[3], ARGV[5])
 end
 local waiting = 0
+local cancel = redis.call('HGET', KEYS[10], 'cancel')
 if ARGV[8] == '-' then
   -- it goes on: what woke it is in its state now; only a cancel is kept
-  local cancel = redis.call('HGET', KEYS[10], 'cancel')
   redis.call('DEL', KEYS[10])
   if cancel then redis.call('HSET', KEYS[10], 'cancel', cancel) redis.call('EXPIRE', KEYS[10], ARGV[5]) end
 elseif ARGV[8] ~= '' then
@@ -108,6 +109,7 @@ if ARGV[6] ~= '' then
   if redis.call('LINDEX', KEYS[6], 0) == ARGV[7] then redis.call('LPOP', KEYS[6]) end
   redis.call('HDEL', KEYS[7], ARGV[7])
   redis.call('DEL', KEYS[8], KEYS[10])
+  cancel = false
   head = redis.call('LINDEX', KEYS[6], 0) or ''
   replies = redis.call('HGET', KEYS[9], ARGV[7]) or ''
   for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
@@ -115,7 +117,7 @@ if ARGV[6] ~= '' then
   redis.call('EXPIRE', KEYS[9], ttl)
 end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-return {v + 1, head, replies, waiting}
+return {v + 1, head, replies, waiting, cancel or ''}
 """
 
 # KEYS: turns requests queue result replies

@@ -265,6 +265,9 @@ class MemoryStore:
         self.keys.sweep()
         return self.states.get(session_id)
 
+    def cancelled(self) -> bool:
+        return False  # a turn run in this process is not cancelled by a message
+
     def park(self, state: AgentState) -> MemoryParked:
         if self.states.get(state.session_id) != state:
             raise ValueError("only a state as stored is parked (save it first)")
@@ -408,6 +411,9 @@ class MemorySession:
         state, self._state = self._state, None
         return state
 
+    def cancelled(self) -> bool:
+        return self.cancel is not None
+
     async def list_waiting(self, state: AgentState) -> None:
         await list_waiting(self.store, state)
 
@@ -427,6 +433,13 @@ class MemorySession:
     ) -> AgentState:
         if not self.store._holds(self):
             raise StaleStateError(f"session {self.session_id}: lease lost")
+        key = (
+            self.session_id,
+            self.turn_id or (state.execution.turn_id if state.execution else ""),
+        )
+        cancel = self.store.controls.get(key, {}).get("cancel")
+        if result is None and isinstance(cancel, TurnCancel) and self.cancel is None:
+            self.cancel = cancel  # as the save script reads it
         saved, head = self.store._write(state, append, result)
         self._mark_parked(state)
         if result is not None:
