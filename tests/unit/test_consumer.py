@@ -256,6 +256,28 @@ async def test_duplicate_request_of_a_finished_turn_is_answered_again(make_rig: 
     assert len(rig.model.requests) == 1
 
 
+async def test_a_turn_id_another_session_accepted_is_refused_and_that_turn_runs_on(
+    make_rig: MakeRig,
+) -> None:
+    rig = make_rig(answers("Order 42 shipped yesterday."))
+    await rig.deliver(start(request("t1")))
+    theirs = request("t1", reply_to="other.replies").model_copy(update={"session_id": "s2"})
+
+    delivery = await rig.deliver(start(theirs))
+
+    assert acked_once(delivery)
+    letter = only_dead_letter(rig)
+    assert letter.headers[t.H_REASON_CODE] == "turn_id_in_use"
+    assert "another session" in letter.headers[t.H_REASON]
+    rejected = [(e.turn_id, e.session_id) for e in rig.events.events if e.type == "turn.rejected"]
+    assert rejected == [("t1", "s2")]
+    assert "s2" not in rig.store.turns and "s2" not in rig.store.queues
+    await rig.deliver(MemoryDelivery.of(rig.last_step()))
+    [result] = rig.replies()
+    assert (result.session_id, result.content) == (SESSION, "Order 42 shipped yesterday.")
+    assert rig.publisher.to("other.replies") == []
+
+
 # -- steps ----------------------------------------------------------------------------------
 
 

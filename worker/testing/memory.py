@@ -75,8 +75,9 @@ class MemoryStore:
 
     async def accept(self, request: TurnRequest) -> Accepted:
         s, t = request.session_id, request.turn_id
+        if self.sessions_of.setdefault(t, s) != s:
+            return Accepted("in_use")
         turns = self.turns.setdefault(s, {})
-        self.sessions_of.setdefault(t, s)
         replies = self.replies.setdefault(s, {}).setdefault(t, [])
         if t in turns:
             result = self.results.get(t)
