@@ -19,9 +19,9 @@ the step is decided, any worker resumes it. A call not decided within the agent'
 
 ``turn.child_result`` (body ``TurnChildResult``) carries a child turn's result to its
 parent: the worker that finished the child sends it, with its own AMQP user as ``user_id``,
-and a worker takes it from no other user (``worker.transport.senders``). The parent records it like a tool result
-of the call that started the child, and goes on once every child of its step has answered. A
-copy is dropped; one for a parent that has finished is acked and dropped.
+and a worker takes it from no other user (``worker.transport.senders``). The parent records
+it like a tool result of the call that started the child, and goes on once every child of its
+step has answered. A copy is dropped; one for a parent that has finished is acked and dropped.
 
 ``session_id`` may be left out: the worker finds the turn's session from its id.
 """
