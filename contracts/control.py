@@ -1,5 +1,6 @@
-"""Control messages on ``loopwire.turns``: any service may publish them to steer a turn that
-is queued, running or parked, without knowing which worker (if any) holds it.
+"""Control messages on ``loopwire.turns``: any service may publish a cancel or a decision to
+steer a turn that is queued, running or parked, without knowing which worker (if any) holds
+it; a child's result only a worker may send.
 
 ``turn.cancel`` (header ``x-loopwire-kind: turn.cancel``, body ``TurnCancel``) ends a turn
 wherever it is: queued behind the session's earlier turns (it never starts), between steps
@@ -17,9 +18,10 @@ the step is decided, any worker resumes it. A call not decided within the agent'
 ``approval_timeout_s`` is rejected. A second decision for a call is dropped.
 
 ``turn.child_result`` (body ``TurnChildResult``) carries a child turn's result to its
-parent: the worker that finished the child sends it. The parent records it like a tool result
-of the call that started the child, and goes on once every child of its step has answered. A
-copy is dropped; one for a parent that has finished is acked and dropped.
+parent: the worker that finished the child sends it, with its own AMQP user as ``user_id``,
+and a worker takes it from no other user (``worker.transport.senders``). The parent records
+it like a tool result of the call that started the child, and goes on once every child of its
+step has answered. A copy is dropped; one for a parent that has finished is acked and dropped.
 
 ``session_id`` may be left out: the worker finds the turn's session from its id.
 """

@@ -86,6 +86,8 @@ class TurnHandle:
             event = decode(message.body, Event)
         except DecodeError:
             return
+        if event.session_id is not None and event.session_id != self.request.session_id:
+            return  # another session's request that named this turn id (refused: not ours)
         await self._events.put(event)
         if not self._accepted.done() and event.type != "turn.rejected":
             self._accepted.set_result(None)

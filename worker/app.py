@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -105,8 +105,10 @@ class Worker:
             on_loaded=lambda loaded: self.metrics.agents_loaded(loaded.agents, s.model.model),
             on_error=self.metrics.reload_errors.inc,
         )
+        urls = amqp.resolve_urls(s.amqp_url, s.amqp_urls)
+        user = _own_user(urls, s.worker_users)
         connection = await amqp.connect(
-            amqp.resolve_urls(s.amqp_url, s.amqp_urls),
+            urls,
             name=f"loopwire-worker-{os.getpid()}",
             reconnect_interval_s=s.reconnect_interval_s,
             metrics=self.amqp_metrics,
@@ -210,6 +212,8 @@ class Worker:
                 metrics=self.metrics,
                 broker_up=gate.up,
                 in_flight=self.in_flight,
+                user=user,
+                workers=s.worker_users,
             )
             # declared (not just looked up) on this channel so the robust channel restores it
             # and its consumer after a reconnect
@@ -298,6 +302,18 @@ class Worker:
         """SIGHUP: load the agents file again (a file that fails to load changes nothing)."""
         if self.source is not None:
             self.source.reload()
+
+
+def _own_user(urls: Sequence[str], workers: Sequence[str]) -> str | None:
+    """The AMQP user this worker publishes as (every address with the same one): its URL's,
+    or, for a certificate login, the first of ``LOOPWIRE_WORKER_USERS``."""
+    user = amqp.login(urls[0]) or (workers[0] if workers else None)
+    if user is None:
+        log.warning(
+            "the AMQP login is a client certificate and LOOPWIRE_WORKER_USERS is not set: this "
+            "worker cannot vouch for the child turns it starts, which workers then refuse"
+        )
+    return user
 
 
 def _stop_tracing(tracing: Tracing | None) -> None:

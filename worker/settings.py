@@ -153,6 +153,12 @@ class Settings(ConnectionSettings):
         '"tool.*", "model.*"]); default: every type but model.requested and model.responded; '
         "[]: none.",
     )
+    worker_users: list[str] = Field(
+        default_factory=list,
+        description="The AMQP users of the fleet's workers (JSON list): only a message whose "
+        "broker-validated user_id is one of them may deliver a child turn's result or start a "
+        "child turn; this worker's own user (from its URL) is always one.",
+    )
     stream_interval_s: float = Field(
         default=0.05,
         gt=0,

@@ -79,6 +79,16 @@ def resolve_urls(
     return listed or (url,)
 
 
+def login(url: str | URL) -> str | None:
+    """The user a connection to ``url`` logs in as (aiormq's default ``guest`` when the URL
+    names none); ``None`` when it authenticates with a client certificate (``auth=external``):
+    the broker names the user then."""
+    parsed = URL(str(url))
+    if parsed.query.get("auth", "plain").lower() == "external":
+        return None
+    return parsed.user or "guest"
+
+
 def address(url: str | URL) -> str:
     """``host:port/vhost`` of an AMQP URL, for logs and labels: no user, no password."""
     parsed = URL(str(url))

@@ -35,6 +35,7 @@ from contracts.client import LoopwireClient, TurnHandle, new_id
 from contracts.registry import live_tools
 from contracts.runtime.redis_client import redis_client
 from contracts.topology import tool_queue
+from contracts.turns import InputMessage, TurnRequest
 from tests.cluster.redis_cluster import LocalRedisCluster, redis_cluster_fixture
 from tests.integration.harness import (
     AMQP_URL,
@@ -49,6 +50,7 @@ from tests.integration.harness import (
 from tool_services.sdk import CallContext, ToolService
 from tool_services.server import ToolServer
 from tool_services.settings import Settings, ToolServiceSettings
+from worker.session.store import RedisStore
 from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.cluster
@@ -378,6 +380,34 @@ async def test_erasing_a_session_finds_its_keys_on_every_master(
     assert deleted >= len(before)  # and the lease the erasure held
     assert after == []
     assert worker.errors() == []
+
+
+async def test_of_sessions_racing_for_one_turn_id_one_is_accepted(redis: Redis) -> None:
+    """The turn's session index sits in another slot than the sessions' keys: it is claimed
+    first, so exactly one session accepts the id and the others record nothing."""
+    store = RedisStore(redis)
+    assert store.cluster
+    turn_id = new_id()
+    requests = [
+        TurnRequest(
+            turn_id=turn_id,
+            session_id=new_id(),
+            agent="support",
+            input=(InputMessage(content="hi"),),
+        )
+        for _ in range(8)
+    ]
+    accepted = await asyncio.gather(*(store.accept(r) for r in requests))
+    statuses = [a.status for a in accepted]
+    assert sorted(statuses) == ["in_use"] * 7 + ["start"]
+    winner = requests[statuses.index("start")]
+    assert await store.session_of(turn_id) == winner.session_id
+    for r in requests:
+        assert await store.head(r.session_id) == (turn_id if r is winner else None)
+    assert (await store.accept(winner)).status == "pending"
+    await redis.delete(keys.turn_session(turn_id))
+    for key in (keys.session_turns, keys.session_requests, keys.session_queue):
+        await redis.delete(key(winner.session_id))
 
 
 def leftovers(cluster: LocalRedisCluster, session: str, turn_ids: list[str]) -> list[str]:

@@ -65,11 +65,11 @@ async def redis(uid: str) -> AsyncIterator[Redis]:
     try:
         yield client
     finally:
-        # Keys of the test: its turn ids are t-<uid>..., its session ids s-<uid>.
+        # Keys of the test: its turn ids are t-<uid>..., its session ids s-<uid>...
         patterns = (
             f"lw:toolcall:{{t-{uid}*",
             f"lw:test:{uid}:*",
-            f"lw:{{s-{uid}}}:*",
+            f"lw:{{s-{uid}*",
             f"lw:turn:t-{uid}*",
         )
         for pattern in patterns:

@@ -11,11 +11,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
+from yarl import URL
 
+from contracts import topology as t
 from contracts.client import LoopwireClient, TurnRejectedError, new_id
+from contracts.codec import encode
 from contracts.events import Event
+from contracts.turns import InputMessage, TurnParent, TurnRequest
 from harness import AMQP_URL, REDIS_URL, ROOT, CountingToolService, WorkerProcess, write_agents
+from worker.loop.children import child_turn_id
 from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration
@@ -223,6 +229,60 @@ async def test_cli_dlq_list_and_replay(
     finally:
         first.close()
         await handle.close()
+
+
+async def test_cli_dlq_replays_a_dead_child_request_as_the_worker_vouched_for_it(
+    client: LoopwireClient, scripted_model: ScriptedModel, tmp_path: Path
+) -> None:
+    """A child turn's request is taken only from a worker's user; one dead-lettered (its agent
+    not loaded yet) keeps the worker's ``user_id`` through ``dlq replay`` and runs."""
+    scripted_model.respond_with(lambda _body: Reply.text("the child's answer"))
+    parent = TurnParent(session_id=new_id(), turn_id=new_id(), call_id="call_1", root_turn_id="r")
+    child = TurnRequest(
+        turn_id=child_turn_id(parent.turn_id, parent.call_id),
+        session_id=new_id(),
+        agent="late",
+        input=(InputMessage(content="hello"),),
+        parent=parent,
+    )
+    first = WorkerProcess(
+        model_url=scripted_model.base_url, agents_file=write_agents(tmp_path / "a.json", [])
+    )
+    async with first:
+        await client.channel.default_exchange.publish(
+            aio_pika.Message(
+                encode(child),
+                headers={t.H_KIND: t.KIND_START},
+                message_id=child.turn_id,
+                user_id=URL(AMQP_URL).user,  # as a worker publishes it (the tests' worker user)
+            ),
+            routing_key=t.TURNS_QUEUE,
+        )
+        for _ in range(100):
+            listed = await cli("dlq", "list")
+            rows = [line for line in listed.stdout.splitlines() if child.turn_id in line]
+            if rows:
+                break
+            await asyncio.sleep(0.1)
+        assert rows and "unknown_agent" in rows[0], listed.stdout
+    agents = tmp_path / "b.json"
+    agents.write_text(json.dumps({"agents": [{"name": "late", "tools": []}]}))
+    async with WorkerProcess(model_url=scripted_model.base_url, agents_file=agents):
+        completed: list[Event] = []
+
+        async def watch() -> None:
+            async for event in client.subscribe(f"turn.completed.*.{child.turn_id}"):
+                completed.append(event)
+                return
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.sleep(0.3)
+        replayed = await cli("dlq", "replay", rows[0].split()[0])
+        assert replayed.returncode == 0, replayed.stderr
+        await asyncio.wait_for(watcher, 30)
+    assert completed[0].data.result.content == "the child's answer"  # type: ignore[union-attr]
+    again = await cli("dlq", "list")
+    assert child.turn_id not in again.stdout, "the replay was taken, not refused as forbidden"
 
 
 async def run_demo(*command: str) -> subprocess.CompletedProcess[str]:

@@ -199,6 +199,57 @@ async def test_a_copy_of_a_turn_carries_the_time_the_first_was_accepted(
     assert behind.accepted_at is not None and behind.accepted_at > first.accepted_at
 
 
+# -- a turn id belongs to one session -----------------------------------------------------------
+
+
+@pytest.fixture(params=["redis", "redis as on a cluster", "memory"])
+async def accepting(request: pytest.FixtureRequest, redis: Redis) -> AsyncIterator[SessionStore]:
+    """The stores, and the Redis store taking its Redis Cluster path (the turn's session index
+    claimed by a script of its own before the accept) on the one Redis."""
+    if request.param == "memory":
+        yield MemoryStore(lease_ttl_s=LEASE_TTL_S)
+        return
+    store = RedisStore(redis, lease_ttl_s=LEASE_TTL_S)
+    store.cluster = request.param != "redis"
+    yield store
+
+
+def in_session(request: TurnRequest, session_id: str) -> TurnRequest:
+    return request.model_copy(update={"session_id": session_id})
+
+
+async def test_a_turn_id_another_session_accepted_is_refused_and_records_nothing(
+    accepting: SessionStore, uid: str
+) -> None:
+    store = accepting
+    mine = turn(uid, 1, reply_to="replies-a")
+    theirs = in_session(mine, f"s-{uid}-b").model_copy(update={"reply_to": "replies-b"})
+    assert (await store.accept(mine)).status == "start"
+    assert (await store.accept(theirs)).status == "in_use"
+    assert await store.head(theirs.session_id) is None
+    assert await store.request(theirs.session_id, mine.turn_id) is None
+    assert await store.session_of(mine.turn_id) == mine.session_id
+    assert (await store.accept(mine)).status == "pending", "the first session's copy is a copy"
+    session = await take(store, mine.session_id)
+    await finish(session, mine)
+    assert session.replies == ("replies-a",), "the refused request named no reply queue"
+    assert (await store.accept(theirs)).status == "in_use", "also once the turn has finished"
+    assert await store.result(theirs.session_id, mine.turn_id) is None
+
+
+async def test_sessions_racing_on_one_turn_id_cannot_both_win(
+    accepting: SessionStore, uid: str
+) -> None:
+    requests = [in_session(turn(uid, 1), f"s-{uid}-{n}") for n in range(8)]
+    accepted = await asyncio.gather(*(accepting.accept(r) for r in requests))
+    statuses = [a.status for a in accepted]
+    assert sorted(statuses) == ["in_use"] * 7 + ["start"]
+    winner = requests[statuses.index("start")].session_id
+    assert await accepting.session_of(requests[0].turn_id) == winner
+    for r in requests:
+        assert await accepting.head(r.session_id) == (r.turn_id if r.session_id == winner else None)
+
+
 # -- cancel ------------------------------------------------------------------------------------
 
 

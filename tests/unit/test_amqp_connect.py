@@ -9,7 +9,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from contracts.client import LoopwireClient
-from contracts.runtime.amqp import AmqpMetrics, AmqpUnreachableError, address, connect, resolve_urls
+from contracts.runtime.amqp import (
+    AmqpMetrics,
+    AmqpUnreachableError,
+    address,
+    connect,
+    login,
+    resolve_urls,
+)
 from tool_services.settings import Settings as ServiceSettings
 from worker.settings import Settings as WorkerSettings
 
@@ -69,3 +76,17 @@ async def test_no_address_answering_names_each_without_its_password(
         )
         assert connected == 0
     assert registry.get_sample_value("loopwire_amqp_reconnects_total") == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "user"),
+    [
+        ("amqp://loopwire-worker:pw@rabbit:5672/", "loopwire-worker"),
+        ("amqp://rabbit:5672/", "guest"),
+        ("amqps://rabbit:5671/?auth=external&cafile=/ca.pem", None),
+    ],
+)
+def test_the_login_of_an_address_is_its_user_unless_a_certificate_names_it(
+    url: str, user: str | None
+) -> None:
+    assert login(url) == user

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import aio_pika
@@ -30,6 +30,7 @@ from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnParent, TurnRequest, TurnResult
 from contracts.work import StepWork
+from worker.profiles.agents import AgentProfile, AgentProfiles
 from worker.runtime.metrics import WorkerMetrics
 from worker.testing.broker import MemoryDelivery, MemoryPublisher, Published, ScriptedAnswers
 from worker.testing.memory import (
@@ -42,6 +43,8 @@ from worker.testing.sequencing import sequencer_over
 from worker.transport.consumer import Consumer
 
 SESSION = "s1"
+WORKER = "loopwire-worker"
+"""The workers' AMQP user (the rig's consumer is a worker logged in as it)."""
 REPLIES = "client.replies"
 POISON_AFTER = 4
 MAX_STEP_ATTEMPTS = 3
@@ -120,7 +123,11 @@ def make_rig() -> Iterator[MakeRig]:
     exactly as often as it was scripted."""
     rigs: list[Rig] = []
 
-    def make(*answers: ModelResponse | BaseException, store: MemoryStore | None = None) -> Rig:
+    def make(
+        *answers: ModelResponse | BaseException,
+        store: MemoryStore | None = None,
+        agents: Sequence[str | AgentProfile] = ("support",),
+    ) -> Rig:
         store = store if store is not None else MemoryStore()
         model = ScriptedAnswers(answers)
         tools = FunctionTools({"lookup": lookup})
@@ -128,7 +135,7 @@ def make_rig() -> Iterator[MakeRig]:
         registry = CollectorRegistry()
 
         sequencer = sequencer_over(
-            store, model=model, tools=tools, definitions=[LOOKUP], events=events
+            store, model=model, tools=tools, definitions=[LOOKUP], events=events, agents=agents
         )
         up = asyncio.Event()
         up.set()
@@ -143,6 +150,7 @@ def make_rig() -> Iterator[MakeRig]:
             poison_after=POISON_AFTER,
             metrics=WorkerMetrics(registry),
             broker_up=up,
+            user=WORKER,
         )
         rig = Rig(store, model, tools, publisher, dead_letters, events, registry, consumer)
         rigs.append(rig)
@@ -255,6 +263,28 @@ async def test_duplicate_request_of_a_finished_turn_is_answered_again(make_rig: 
     assert [s.step for s in rig.steps()] == [0]  # no step of its own
     assert rig.counted("loopwire_work_dropped", "duplicate_request") == 1
     assert len(rig.model.requests) == 1
+
+
+async def test_a_turn_id_another_session_accepted_is_refused_and_that_turn_runs_on(
+    make_rig: MakeRig,
+) -> None:
+    rig = make_rig(answers("Order 42 shipped yesterday."))
+    await rig.deliver(start(request("t1")))
+    theirs = request("t1", reply_to="other.replies").model_copy(update={"session_id": "s2"})
+
+    delivery = await rig.deliver(start(theirs))
+
+    assert acked_once(delivery)
+    letter = only_dead_letter(rig)
+    assert letter.headers[t.H_REASON_CODE] == "turn_id_in_use"
+    assert "another session" in letter.headers[t.H_REASON]
+    rejected = [(e.turn_id, e.session_id) for e in rig.events.events if e.type == "turn.rejected"]
+    assert rejected == [("t1", "s2")]
+    assert "s2" not in rig.store.turns and "s2" not in rig.store.queues
+    await rig.deliver(MemoryDelivery.of(rig.last_step()))
+    [result] = rig.replies()
+    assert (result.session_id, result.content) == (SESSION, "Order 42 shipped yesterday.")
+    assert rig.publisher.to("other.replies") == []
 
 
 # -- steps ----------------------------------------------------------------------------------
@@ -482,12 +512,15 @@ async def test_a_rejected_child_request_tells_its_parent(make_rig: MakeRig) -> N
     parent = TurnParent(session_id="p1", turn_id="pt1", call_id="call_0", root_turn_id="pt1")
     child = request("c1", agent="billing", reply_to=None).model_copy(update={"parent": parent})
 
-    delivery = await rig.deliver(start(child))
+    delivery = start(child)
+    delivery.user_id = WORKER  # a worker started it
+    await rig.deliver(delivery)
 
     assert acked_once(delivery)
     assert only_dead_letter(rig).headers[t.H_REASON_CODE] == "unknown_agent"
     [told] = rig.publisher.to(t.TURNS_QUEUE)
     assert told.headers == {t.H_KIND: t.KIND_CHILD_RESULT}
+    assert told.properties.user_id == WORKER
     message = decode(told.body, TurnChildResult)
     assert message.parent == parent
     assert (message.result.turn_id, message.result.finish_reason) == ("c1", "error")
@@ -653,3 +686,149 @@ async def test_a_malformed_control_message_is_dead_lettered_and_rejects_no_turn(
     letter = only_dead_letter(rig)
     assert letter.headers[t.H_REASON_CODE] == "schema"
     assert rig.event_types("t1") == ["turn.accepted"], "the turn itself is not rejected"
+
+
+# -- who may send what ----------------------------------------------------------------------------
+
+TEAM = AgentProfiles.model_validate(
+    {"agents": [{"name": "lead", "agents": ["researcher"]}, {"name": "researcher"}]}
+).agents
+
+
+def asks_researcher(text: str) -> ModelResponse:
+    call = ToolCall(id="call_1", name="researcher", arguments=json.dumps({"input": text}))
+    message = ChatMessage(role="assistant", content=None, tool_calls=(call,))
+    return ModelResponse(message=message, finish_reason="tool_calls")
+
+
+async def parent_waiting(rig: Rig) -> TurnRequest:
+    """The lead's turn ``t1`` parked on its researcher child; the child's request."""
+    await rig.deliver(start(request("t1", agent="lead")))
+    await rig.deliver(MemoryDelivery.of(rig.last_step()))
+    [child] = [
+        decode(p.body, TurnRequest)
+        for p in rig.publisher.to(t.TURNS_QUEUE)
+        if p.headers[t.H_KIND] == t.KIND_START
+    ]
+    assert child.parent is not None and child.parent.turn_id == "t1"
+    return child
+
+
+def forged_result(child: TurnRequest, content: str = "the forger's answer") -> TurnChildResult:
+    assert child.parent is not None
+    result = TurnResult(
+        turn_id=child.turn_id,
+        session_id=child.session_id,
+        agent=child.agent,
+        content=content,
+        finish_reason="stop",
+        parent=child.parent,
+        steps=1,
+        duration_s=0.1,
+        completed_at=1.0,
+    )
+    return TurnChildResult(parent=child.parent, result=result)
+
+
+def child_result(message: TurnChildResult, user_id: str | None) -> MemoryDelivery:
+    headers = {t.H_KIND: t.KIND_CHILD_RESULT}
+    return MemoryDelivery(encode(message), headers=headers, user_id=user_id)
+
+
+async def test_a_child_result_from_no_worker_is_dead_lettered_and_the_real_one_answers(
+    make_rig: MakeRig,
+) -> None:
+    rig = make_rig(
+        asks_researcher("find A"), answers("facts on A"), answers("lead: facts on A"), agents=TEAM
+    )
+    child = await parent_waiting(rig)
+    forged = forged_result(child)
+
+    for user_id in (None, "mallory"):  # named no user, or a user of its own (RabbitMQ checked)
+        delivery = await rig.deliver(child_result(forged, user_id))
+        assert acked_once(delivery)
+
+    codes = [letter.headers[t.H_REASON_CODE] for letter in rig.dead_letters.published]
+    assert codes == ["forbidden", "forbidden"]
+    assert "worker" in rig.dead_letters.published[1].headers[t.H_REASON]
+    assert "mallory" in rig.dead_letters.published[1].headers[t.H_REASON]
+    assert "turn.rejected" not in rig.event_types(), "a refused result rejects no turn"
+    # the real child runs; the worker that finishes it sends its result as itself
+    [child_start] = [
+        p for p in rig.publisher.to(t.TURNS_QUEUE) if p.headers[t.H_KIND] == "turn.start"
+    ]
+    assert child_start.properties.user_id == WORKER
+    await rig.deliver(MemoryDelivery.of(child_start))
+    await rig.deliver(MemoryDelivery.of(rig.last_step()))
+    real = rig.last_step()
+    assert real.headers[t.H_KIND] == t.KIND_CHILD_RESULT and real.properties.user_id == WORKER
+    await rig.deliver(MemoryDelivery.of(real))
+    await rig.deliver(MemoryDelivery.of(rig.last_step()))  # merges the result
+    await rig.deliver(MemoryDelivery.of(rig.last_step()))  # asks the model with it
+    [result] = rig.replies()
+    assert result.content == "lead: facts on A"
+    tool_results = [m.content for m in rig.model.requests[2].messages if m.role == "tool"]
+    assert tool_results == ["facts on A"]
+
+
+async def test_a_child_result_that_is_not_the_calls_child_is_dead_lettered(
+    make_rig: MakeRig,
+) -> None:
+    rig = make_rig(asks_researcher("find A"), agents=TEAM)
+    child = await parent_waiting(rig)
+    forged = forged_result(child)
+    other = forged.model_copy(
+        update={"result": forged.result.model_copy(update={"turn_id": "t1-other"})}
+    )
+
+    delivery = await rig.deliver(child_result(other, WORKER))
+
+    assert acked_once(delivery)
+    letter = only_dead_letter(rig)
+    assert letter.headers[t.H_REASON_CODE] == "forbidden"
+    assert "t1-other" in letter.headers[t.H_REASON]
+    assert rig.store.controls.get((SESSION, "t1"), {}).keys() <= {"parked"}
+
+
+async def test_a_child_turn_request_from_no_worker_is_dead_lettered_and_starts_nothing(
+    make_rig: MakeRig,
+) -> None:
+    rig = make_rig(asks_researcher("find A"), agents=TEAM)
+    child = await parent_waiting(rig)
+    forged = child.model_copy(update={"turn_id": "t1-forged", "session_id": "s-forged"})
+    sent = len(rig.publisher.to(t.TURNS_QUEUE))
+
+    delivery = await rig.deliver(MemoryDelivery(encode(forged), user_id="mallory"))
+
+    assert acked_once(delivery)
+    assert only_dead_letter(rig).headers[t.H_REASON_CODE] == "forbidden"
+    assert rig.event_types("t1-forged") == ["turn.rejected"]
+    assert "s-forged" not in rig.store.turns
+    # its "parent" is told nothing: no worker started that child
+    assert len(rig.publisher.to(t.TURNS_QUEUE)) == sent
+
+
+class AcceptFailsOnce(MemoryStore):
+    """A memory store whose first ``accept`` finds Redis away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    async def accept(self, request: TurnRequest) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise RedisConnectionError("Redis is away")
+        return await super().accept(request)
+
+
+@pytest.mark.parametrize(("sender", "vouched"), [(WORKER, WORKER), ("mallory", None)])
+async def test_a_retried_message_carries_this_workers_voucher_only_for_a_workers_message(
+    make_rig: MakeRig, sender: str, vouched: str | None
+) -> None:
+    rig = make_rig(store=AcceptFailsOnce())
+
+    await rig.deliver(MemoryDelivery(encode(request("t1")), user_id=sender))
+
+    [retry] = rig.retries()
+    assert retry.properties.user_id == vouched

@@ -42,47 +42,26 @@ class Stop(Exception):
 
 
 class Recorder(Redis):
-    """A Redis client that never connects: ``EVALSHA`` records its keys and stops; a
+    """A Redis client that never connects: ``EVALSHA`` records its keys and stops (or gives
+    the next of ``answers``, for a script called before the one a case is about); a
     ``HGETALL`` answers an undecodable entry (so the registry drops it with its script)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.scripts: list[list[str]] = []
+        self.answers: list[Any] = []
+        """What the first scripts answer (the last one called stops)."""
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if args[0] == "EVALSHA":
             numkeys = int(args[2])
             self.scripts.append([str(k) for k in args[3 : 3 + numkeys]])
+            if self.answers:
+                return self.answers.pop(0)
             raise Stop
         if args[0] == "HGETALL":
             return {b"instance-1": b"\xc1 not msgpack"}
         return None
-
-    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Any:
-        return _Pipeline(self)
-
-
-class _Pipeline:
-    """What ``RedisStore.accept`` pipelines: the script's keys are recorded as above."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        self.recorder = recorder
-        self.evalshas: list[tuple[Any, ...]] = []
-
-    async def __aenter__(self) -> _Pipeline:
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        return None
-
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
-        self.recorder.scripts.append([str(k) for k in keys_and_args[:numkeys]])
-
-    def set(self, *_args: Any, **_kwargs: Any) -> None:
-        return None
-
-    async def execute(self) -> Any:
-        raise Stop
 
 
 def _state() -> AgentState:
@@ -129,6 +108,14 @@ def _store(r: Recorder) -> RedisStore:
     return RedisStore(r)
 
 
+def _on_a_cluster(r: Recorder, *answers: Any) -> RedisStore:
+    """The store as it runs on a Redis Cluster; the first scripts answer ``answers``."""
+    store = _store(r)
+    store.cluster = True
+    r.answers = list(answers)
+    return store
+
+
 def _handle(r: Recorder) -> SessionHandle:
     return SessionHandle(_store(r), SESSION, 7, _state(), None, [b""])
 
@@ -146,7 +133,10 @@ CASES: dict[str, tuple[str, Case]] = {
     "BEGIN": ("worker/session/store.py", lambda r: _store(r).take(SESSION, TURN)),
     "RENEW": ("worker/session/store.py", lambda r: _store(r).renew(_handle(r))),
     "RELEASE": ("worker/session/store.py", lambda r: _store(r).release(_handle(r))),
-    "ACCEPT": ("worker/session/store.py", lambda r: _store(r).accept(_request())),
+    # on one Redis, the accept script also checks and writes the turn's session index
+    # (another slot); on a cluster the index is claimed by a script of its own first
+    "CLAIM": ("worker/session/store.py", lambda r: _on_a_cluster(r).accept(_request())),
+    "ACCEPT": ("worker/session/store.py", lambda r: _on_a_cluster(r, 1).accept(_request())),
     "CONTROL": (
         "worker/session/store.py",
         lambda r: _store(r).record_control(SESSION, TURN, "cancel", TurnCancel(turn_id=TURN)),
@@ -190,8 +180,7 @@ async def test_a_script_keeps_its_keys_in_one_slot(name: str) -> None:
     recorder = Recorder()
     with pytest.raises(Stop):
         await CASES[name][1](recorder)
-    assert len(recorder.scripts) == 1
-    script_keys = recorder.scripts[0]
+    script_keys = recorder.scripts[-1]
     assert script_keys, "the script was called without keys"
     slots = {key: key_slot(key.encode()) for key in script_keys}
     assert len(set(slots.values())) == 1, f"{name} spans slots: {slots}"

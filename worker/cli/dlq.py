@@ -8,7 +8,10 @@ or a hash of their body and show the broker's ``x-first-death-reason``.
 Listing takes every message without acking and returns them all (nothing is
 lost if the command dies: unacked messages go back to the queue). Replaying
 publishes the message to ``loopwire.turns`` without the dead-letter headers
-(with a confirm) and only then removes it from the dead-letter queue.
+(with a confirm) and only then removes it from the dead-letter queue. A letter a worker
+vouched for (its ``user_id`` is the user the command logs in as: run it as the worker user)
+keeps that ``user_id``, so a dead child turn's request or result is taken again
+(``worker.transport.senders``); any other is replayed without one.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from contracts import topology as t
 from contracts.codec import DecodeError, decode_obj
-from contracts.runtime.amqp import connect
+from contracts.runtime.amqp import connect, login, resolve_urls
 from contracts.runtime.tls import TlsFiles
 from worker.errors import NotReplayableError
 
@@ -114,6 +117,7 @@ async def replay(amqp_url: str, wanted: str, tls: TlsFiles | None = None) -> Dea
     turn's request anew, with a new turn id. A dead turn request (an unknown agent, say, since
     added to the agents file) is replayed as it was."""
     connection = await connect(amqp_url, name="loopwire-cli", tls=tls)
+    me = login(resolve_urls(urls=amqp_url)[0])
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         taken = await _take_all(channel)
@@ -138,6 +142,7 @@ async def replay(amqp_url: str, wanted: str, tls: TlsFiles | None = None) -> Dea
                         correlation_id=message.correlation_id,
                         reply_to=message.reply_to,
                         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        user_id=message.user_id if message.user_id == me else None,
                     ),
                     routing_key=t.TURNS_QUEUE,
                 )

@@ -58,6 +58,17 @@ def child_turn_id(parent_turn_id: str, call_id: str) -> str:
     return f"{parent_turn_id[:100]}-{_digest(parent_turn_id, call_id)}"
 
 
+def misdirected(message: TurnChildResult) -> str | None:
+    """Why ``message`` is not the result of the child its parent's call started (``None``: it
+    is): the result names another parent, or a turn other than the one that call derived."""
+    parent, result = message.parent, message.result
+    if result.parent != parent:
+        return "the result names another parent than the message"
+    if result.turn_id != child_turn_id(parent.turn_id, parent.call_id):
+        return f"turn {result.turn_id} is not the child call {parent.call_id} started"
+    return None
+
+
 def child_session_id(parent_session_id: str, parent_turn_id: str, call_id: str) -> str:
     return f"{parent_session_id[:100]}-{_digest(parent_session_id, parent_turn_id, call_id)}"
 

@@ -114,6 +114,12 @@ class SessionSequencer(Controls, Erasure):
             except ValueError as exc:
                 raise PermanentError(f"output_schema: {exc}", code="schema") from None
         accepted = await self.store.accept(request)
+        if accepted.status == "in_use":
+            raise PermanentError(
+                f"turn id {request.turn_id} is in use: another session accepted it (turn ids "
+                "are unique across sessions)",
+                code="turn_id_in_use",
+            )
         if accepted.status == "done":
             assert accepted.result is not None
             # announced again too (the same event, the same bytes), so the copy's publisher

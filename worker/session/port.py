@@ -5,7 +5,7 @@ keeps the same rules in a dict, and both pass the same contract tests
 (``tests/integration/test_session_store_contract.py``).
 
 - ``accept`` records a turn request once per turn id and queues it behind the session's
-  earlier turns.
+  earlier turns; a turn id belongs to the session that accepted it first.
 - ``take`` takes the session's lease (``None`` when another worker holds it) and hands back a
   ``StepSession``: the loop's ``StateStore`` for that one step, holding the state read with the
   lease. Its saves are fenced by the lease; a save with a result or ``release`` lets the lease
@@ -27,7 +27,7 @@ from worker.loop.approvals import waiting_list
 from worker.loop.ports import StateStore
 from worker.loop.turn import turn_of
 
-AcceptStatus = Literal["start", "queued", "pending", "done"]
+AcceptStatus = Literal["start", "queued", "pending", "done", "in_use"]
 ControlStatus = Literal["recorded", "again", "finished", "unknown"]
 """What recording a control message found: ``again`` is a copy of one recorded before (still
 applied: the first copy's worker may have died before it could)."""
@@ -62,7 +62,8 @@ class Opening:
 @dataclass(frozen=True, slots=True)
 class Accepted:
     """What ``accept`` found: ``start`` (run it now), ``queued`` (behind others),
-    ``pending`` (a duplicate of a turn not finished), ``done`` (a duplicate; ``result``)."""
+    ``pending`` (a duplicate of a turn not finished), ``done`` (a duplicate; ``result``),
+    ``in_use`` (another session accepted this turn id: refused, nothing recorded)."""
 
     status: AcceptStatus
     result: TurnResult | None = None

@@ -1,6 +1,7 @@
 """The Lua scripts of the session store (``worker.session.store``), each one atomic step in Redis:
 take, renew and release a session's lease, save a step (only under the caller's lease, its
-fencing token, and on the version it loaded), accept a turn request."""
+fencing token, and on the version it loaded), accept a turn request (a turn id once, in one
+session)."""
 
 from __future__ import annotations
 
@@ -120,13 +121,21 @@ if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting, cancel or ''}
 """
 
-# KEYS: turns requests queue result replies
-# ARGV: turn_id, request_blob, ttl_s, reply_to|'', now
+# KEYS: turns requests queue result replies [index]
+# ARGV: turn_id, request_blob, ttl_s, reply_to|'', now, session_id
 # A turn's status is 'queued <accepted at>' until it is 'done': a copy of it is announced with
 # the time the first was accepted.
 # The replies field of a turn lists every reply queue its copies named, space-separated (a
 # reply_to has no spaces): a copy published while the turn runs gets the result too.
+# ``index`` (the turn's session index, on one Redis; on a Redis Cluster it lives in another
+# slot and ``CLAIM`` writes it first): a turn id another session accepted is refused,
+# {'in_use'}, and nothing is written.
 ACCEPT: Final = """
+if KEYS[6] then
+  local owner = redis.call('GET', KEYS[6])
+  if owner and owner ~= ARGV[6] then return {'in_use', ''} end
+  if not owner then redis.call('SET', KEYS[6], ARGV[6], 'EX', ARGV[3]) end
+end
 if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued ' .. ARGV[5]) == 0 then
   local res = redis.call('GET', KEYS[4])
   if res then return {'done', res} end
@@ -151,6 +160,16 @@ local len = redis.call('RPUSH', KEYS[3], ARGV[1])
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
 if len == 1 then return {'start', '', ARGV[5]} end
 return {'queued', tostring(len - 1), ARGV[5]}
+"""
+
+# A turn id's session index, claimed for a session before its accept (on a Redis Cluster,
+# where the index is in another slot than the session's keys).
+# KEYS: index ; ARGV: session_id, ttl_s -> 1 (the session's: claimed now or before), 0 (another's)
+CLAIM: Final = """
+local owner = redis.call('GET', KEYS[1])
+if owner then return owner == ARGV[1] and 1 or 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
 """
 
 # Fleet-wide model rate limits, GCRA: each key holds its limit's theoretical arrival time (ms);

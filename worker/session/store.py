@@ -26,14 +26,16 @@ Round trips per step: the lease script also returns the state and the session hi
 a step's last save also lets go of the lease (``release``), so a step costs three scripts:
 lease, model answer, step. Messages are decoded in one batch.
 
-On a Redis Cluster (``contracts.runtime.redis_client``) every script's keys share the session's
-hash tag; the one key outside it that accepting a turn writes, the turn's session index, goes
-beside the accept script at the same time (redis-py's cluster pipeline carries no scripts).
+A turn id belongs to the first session that accepts it for as long as the turn's session index
+lives (``ttl_s`` from that accept; deleting the session frees it): another session's request
+with that id is refused (``Accepted("in_use")``) and writes nothing. On one Redis the accept
+script checks and writes the index itself; on a Redis Cluster (``contracts.runtime.redis_client``)
+every script's keys share the session's hash tag, and the index, outside it, is claimed by a
+script of its own first (of two sessions racing on one id only one gets it).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
@@ -41,7 +43,6 @@ from contextlib import AbstractContextManager
 from typing import Any, Final, Literal
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
 
 from contracts import keys
 from contracts.base import Contract
@@ -106,6 +107,7 @@ class RedisStore:
         self._release = redis.register_script(scripts.RELEASE)
         self._save = redis.register_script(scripts.SAVE)
         self._accept = redis.register_script(scripts.ACCEPT)
+        self._claim = redis.register_script(scripts.CLAIM)
         self._control = redis.register_script(scripts.CONTROL)
         self._spent: dict[str, tuple[float, Spend]] = {}
         self._end_queued = redis.register_script(scripts.END_QUEUED)
@@ -121,30 +123,19 @@ class RedisStore:
                 keys.turn_result(s, t),
                 keys.session_replies(s),
             ]
-            args: list[Any] = [t, encode(request), self.ttl_s, request.reply_to or "", now]
+            args: list[Any] = [t, encode(request), self.ttl_s, request.reply_to or "", now, s]
             index = keys.turn_session(t)
             if self.cluster:
                 # the turn's session index hashes to another slot (it is looked up by the
-                # turn id alone), likely on another node: both at once, as redis-py's
-                # cluster pipeline refuses scripts
-                (status, payload, *at), _ = await asyncio.gather(
-                    self._accept(keys=script_keys, args=args),
-                    self.redis.set(index, s, ex=self.ttl_s, nx=True),
-                )
-                return _accepted(status, payload, at)
-            # one round trip: the turn's session index is a key of its own (outside the
-            # session's hash tag), so it is a second command beside the script. The script
-            # goes by its hash (a pipeline of a Script object would first ask whether the
-            # script exists: a round trip more); the first call, or one after Redis forgot
-            # its scripts, loads it.
-            try:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.evalsha(self._accept.sha, len(script_keys), *script_keys, *args)
-                    pipe.set(index, s, ex=self.ttl_s, nx=True)
-                    (status, payload, *at), _ = await pipe.execute()
-            except NoScriptError:
+                # turn id alone), likely on another node: claimed first, so that of two
+                # sessions accepting one turn id only the one that holds the index goes on
+                if not await self._claim(keys=[index], args=[s, self.ttl_s]):
+                    return Accepted("in_use")
                 status, payload, *at = await self._accept(keys=script_keys, args=args)
-                await self.redis.set(index, s, ex=self.ttl_s, nx=True)
+            else:
+                # one script, the turn's session index with the session's keys (one Redis
+                # takes keys of any slot in one script)
+                status, payload, *at = await self._accept(keys=[*script_keys, index], args=args)
         return _accepted(status, payload, at)
 
     async def reply_to(self, session_id: str, turn_id: str) -> tuple[str, ...]:
@@ -315,6 +306,8 @@ def _accepted(status: bytes | str, payload: Any, at: list[Any]) -> Accepted:
     accepted_at = _time(at[0]) if at else None
     if status == "queued":
         return Accepted("queued", ahead=int(payload), accepted_at=accepted_at)
+    if status == "in_use":
+        return Accepted("in_use")
     return Accepted("start" if status == "start" else "pending", accepted_at=accepted_at)
 
 

@@ -70,8 +70,11 @@ class MemoryDelivery:
         reply_to: str | None = None,
         content_type: str | None = t.CONTENT_TYPE,
         redelivered: bool = False,
+        user_id: str | None = None,
     ) -> None:
         self.body = body
+        self.user_id = user_id
+        """The publisher's AMQP user, as RabbitMQ validated it (``None``: it named none)."""
         self.redelivered = redelivered
         self.headers: dict[str, Any] = dict(headers or {})
         self.message_id = message_id
@@ -94,6 +97,7 @@ class MemoryDelivery:
             correlation_id=p.correlation_id,
             reply_to=p.reply_to,
             content_type=p.content_type,
+            user_id=p.user_id,
         )
 
     @property

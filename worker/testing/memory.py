@@ -105,10 +105,12 @@ class MemoryStore:
     async def accept(self, request: TurnRequest) -> Accepted:
         self.keys.sweep()
         s, t = request.session_id, request.turn_id
-        turns = self.turns.setdefault(s, {})
         if t not in self.sessions_of:  # SET NX EX
             self.sessions_of[t] = s
             self.keys.expire(keys.turn_session(t), self.ttl_s, self._pop(self.sessions_of, t))
+        elif self.sessions_of[t] != s:
+            return Accepted("in_use")
+        turns = self.turns.setdefault(s, {})
         if t in turns:
             result = self.results.get((s, t))
             if result:

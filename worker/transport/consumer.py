@@ -15,6 +15,8 @@ where due.
   dead-lettered before the broker's own delivery limit does it without a
   reason. A dead-lettered *step* ends its turn with ``finish_reason: error``
   (``turn.failed``, a reply to the publisher) so the session's next turn runs.
+- Who may send what (``worker.transport.senders``): a child turn's request or result that
+  no worker sent is dead-lettered (``forbidden``).
 - Every publish uses confirms; the message is acked only after all of them.
 - A step starts only while every channel of the broker connection is open; a step whose
   channel went down goes back to the queue and is redone.
@@ -28,6 +30,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +58,7 @@ from worker.sequencing.actions import Action, Answer, Busy, Control, Delay, Drop
 from worker.sequencing.sequencer import SessionSequencer
 from worker.transport.outbox import Outbox
 from worker.transport.publish import Publisher, properties
+from worker.transport.senders import Senders
 
 log = logging.getLogger("loopwire.consumer")
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
@@ -99,12 +103,15 @@ class Consumer:
         metrics: WorkerMetrics | None = None,
         broker_up: asyncio.Event | None = None,
         in_flight: set[asyncio.Task[Any]] | None = None,
+        user: str | None = None,
+        workers: Collection[str] = (),
     ) -> None:
         self.metrics = metrics if metrics is not None else WorkerMetrics(CollectorRegistry())
         self.work = work
         self.publisher = publisher
         """Confirmed publishes to the default exchange: next steps, replies, retries."""
-        self.outbox = Outbox(publisher)
+        self.senders = Senders(user, workers)
+        self.outbox = Outbox(publisher, user)
         self.dead_letters = dead_letters
         """Confirmed publishes to the dead-letter exchange."""
         self.events = events
@@ -151,7 +158,8 @@ class Consumer:
                     code="poison",
                 )
             redone = bool(message.redelivered or deliveries or _count(headers, t.H_ATTEMPT))
-            return await self._perform(await self._dispatch(message.body, headers, redone))
+            actions = await self._dispatch(message.body, headers, redone, message.user_id)
+            return await self._perform(actions)
         except DecodeError as exc:
             return DeadLetter(exc.reason, exc.code)
         except PermanentError as exc:
@@ -180,10 +188,10 @@ class Consumer:
             return Retry("failed", failed=True)
 
     async def _dispatch(
-        self, body: bytes, headers: dict[str, Any], redone: bool = False
+        self, body: bytes, headers: dict[str, Any], redone: bool = False, sender: str | None = None
     ) -> list[Action]:
         """What the sequencer makes of the message, by its kind; ``redone``: it was taken
-        before (redelivered, or sent again after a failure)."""
+        before (redelivered, or sent again after a failure); ``sender``: its ``user_id``."""
         kind = headers.get(t.H_KIND, t.KIND_START)
         if kind == t.KIND_STEP:
             work = decode(body, StepWork)
@@ -191,6 +199,7 @@ class Consumer:
                 return await self.work.on_step(work, redone=redone)
         if kind == t.KIND_START:
             request = decode(body, TurnRequest)
+            self.senders.vet_request(request, sender)
             parent = header_traceparent(headers)
             if parent is not None:  # W3C trace context: the header wins over the body
                 request = request.model_copy(
@@ -202,7 +211,9 @@ class Consumer:
         if kind == t.KIND_DECISION:
             return await self.work.on_decision(decode(body, TurnDecision))
         if kind == t.KIND_CHILD_RESULT:
-            return await self.work.on_child_result(decode(body, TurnChildResult))
+            message = decode(body, TurnChildResult)
+            self.senders.vet_child_result(message, sender)
+            return await self.work.on_child_result(message)
         if kind == t.KIND_SESSION_DELETE:
             return await self.work.on_session_delete(decode(body, SessionDelete))
         raise DecodeError(f"unknown message kind {str(kind)[:64]!r}", code="unknown_kind")
@@ -251,6 +262,7 @@ class Consumer:
                 correlation_id=message.correlation_id,
                 reply_to=message.reply_to,
                 expiration_ms=int(self.busy_retry_s * 1000),
+                user_id=self.senders.voucher(message.user_id),
             ),
         )
         self.metrics.retried.labels(retry.reason).inc()
@@ -280,10 +292,11 @@ class Consumer:
                 return ended
         child = (
             _child_request(message.body)
-            if headers.get(t.H_KIND, t.KIND_START) == t.KIND_START
+            if headers.get(t.H_KIND, t.KIND_START) == t.KIND_START and letter.code != "forbidden"
             else None
         )
-        if child is not None:  # its parent waits for it: it hears of the rejection
+        if child is not None:  # its parent waits for it: it hears of the rejection (a request
+            # refused as forbidden came from no worker: its parent started no such child)
             await self._perform(self.work.on_refused(child, letter.code, reason))
         log.warning("dead-lettering work (%s): %s", letter.code, reason)
         await self.dead_letters.publish(
@@ -302,6 +315,7 @@ class Consumer:
                 message_id=message.message_id,
                 correlation_id=message.correlation_id,
                 reply_to=message.reply_to,
+                user_id=self.senders.voucher(message.user_id),
             ),
         )
         self.metrics.dead_lettered.labels(letter.code).inc()

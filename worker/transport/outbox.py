@@ -1,7 +1,9 @@
 """What the sequencer asks to publish, on the wire: the next step, a reply to a publisher, a
 parked turn's timeout through the wait queues, a child turn's request, and the control
 messages between parents and children. Every publish is confirmed (``Publisher``); the
-consumer acks the work message only after all of them."""
+consumer acks the work message only after all of them. Turn work carries ``user_id`` = the
+worker's own AMQP user (``user``), validated by RabbitMQ: what vouches for a child's request
+and a child's result (``worker.transport.consumer``)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from worker.transport.publish import Publisher, properties
 
 
 class Outbox:
-    def __init__(self, publisher: Publisher) -> None:
+    def __init__(self, publisher: Publisher, user: str | None = None) -> None:
         self.publisher = publisher
+        self.user = user
 
     async def send(self, action: Step | Reply | Delay | Start | Control | Answer) -> None:
         if isinstance(action, Answer):
@@ -106,5 +109,6 @@ class Outbox:
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 headers={t.H_KIND: kind, **trace} if trace else {t.H_KIND: kind},
                 message_id=message_id,
+                user_id=self.user,
             ),
         )

@@ -40,9 +40,12 @@ def properties(
     expiration_ms: int | None = None,
     timestamp: float | None = None,
     message_type: str | None = None,
+    user_id: str | None = None,
 ) -> spec.Basic.Properties:
     """AMQP properties as aio-pika's ``Message`` builds them (headers ``{}`` when none,
-    priority 0, expiration in milliseconds as text, timestamp in UTC)."""
+    priority 0, expiration in milliseconds as text, timestamp in UTC). ``user_id``: the
+    publishing connection's own user (RabbitMQ refuses any other), which the receiver may
+    trust."""
     return spec.Basic.Properties(
         content_type=content_type,
         delivery_mode=delivery_mode,
@@ -54,6 +57,7 @@ def properties(
         expiration=None if expiration_ms is None else str(expiration_ms),
         timestamp=None if timestamp is None else datetime.fromtimestamp(timestamp, UTC),
         message_type=message_type,
+        user_id=user_id,
     )
 
 

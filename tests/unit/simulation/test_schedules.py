@@ -146,11 +146,9 @@ NOT_YET = {
     "an approval park ends by the turn's deadline",
     "a redone timeout wake goes on",
     "a timeout wake redone after a Redis error goes on",
-    "only a worker delivers a child's result",
     "an approval's wait never ends before its until",
     "a turn outlives its session keys' expiry",
     "the list of calls waiting for approval keeps nothing for good",
-    "two sessions with one turn id stay apart",
     "an unknown control message rejects no turn",
 }
 """Schedules whose promise is not kept yet: they must fail (strict), until mended."""

@@ -46,6 +46,9 @@ SESSION_TTL_S = 3600.0
 APPROVAL_TIMEOUT_S = 60.0
 BUSY_RETRY_S = 0.5
 WAIT_QUEUES = frozenset(t.wait_queue(s) for s in t.WAIT_BUCKETS_S)
+WORKER_USER = "loopwire-worker"
+"""The workers' AMQP user: the broker vouches for it on what they publish, never on what a
+publisher does."""
 TOKENS = 10
 """Every model answer's usage."""
 
@@ -202,6 +205,7 @@ class World:
             events=self.events,
             busy_retry_s=BUSY_RETRY_S,
             metrics=WorkerMetrics(CollectorRegistry()),
+            user=WORKER_USER,
         )
 
     def clock(self) -> float:
