@@ -63,7 +63,8 @@ class Recorder(Redis):
 
 
 class _Pipeline:
-    """What ``RedisStore.accept`` pipelines: the script's keys are recorded as above."""
+    """What ``RedisStore.beside`` pipelines (accepting a turn, a save that ends or parks one):
+    the script's keys are recorded as above."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
@@ -79,6 +80,9 @@ class _Pipeline:
         self.recorder.scripts.append([str(k) for k in keys_and_args[:numkeys]])
 
     def set(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    def expire(self, *_args: Any, **_kwargs: Any) -> None:
         return None
 
     async def execute(self) -> Any:
