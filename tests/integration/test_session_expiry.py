@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from redis.asyncio import Redis
 
 from contracts import keys
@@ -13,9 +14,11 @@ from contracts.messages import ChatMessage, ToolCall
 from contracts.state import AgentState, ModelResponse, PendingStep
 from contracts.turns import InputMessage, TurnRequest
 from worker.agents import AgentProfile
+from worker.errors import StaleStateError
 from worker.loop.approvals import parked
 from worker.loop.turn import closed, new_execution, turn_result, with_execution
 from worker.session.port import StepSession
+from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
 
 TTL_S = 120
@@ -149,3 +152,26 @@ async def test_a_parked_turns_keys_outlive_its_wait(redis: Redis, uid: str) -> N
     assert lasting(found, TTL_S - 5) == {}
     assert all(t <= TTL_S for t in found.values()), "its end sets the idle lifetime"
     assert TTL_S - 5 <= await redis.ttl(index) <= TTL_S
+
+
+async def test_erasing_a_session_never_lets_its_fencing_tokens_go_back(
+    redis: Redis, uid: str
+) -> None:
+    store = RedisStore(redis, ttl_s=TTL_S)
+    request = turn(uid, 1)
+    await store.accept(request)
+    stale = await take(store, request)  # a worker whose step hangs
+    state = new_execution(stale.take_state(), request, AGENT, time.time())
+    await redis.delete(keys.session_lease(request.session_id))  # its lease expired
+    eraser = await take(store, request)
+    assert await SessionRecords(redis).erase(request.session_id) > 0
+    eraser.released = True
+    found = await ttls(redis, request.session_id)
+    assert set(found) == {"fence"} and 0 < found["fence"] <= TTL_S, "a bare counter, expiring"
+    # the session is started again under the same id, its turn taken by another worker
+    await store.accept(turn(uid, 2))
+    newer = await take(store, turn(uid, 2))
+    assert newer.token > eraser.token > stale.token
+    with pytest.raises(StaleStateError):
+        await stale.save(state)  # the worker from before the erasure writes nothing
+    await store.release(newer)
