@@ -172,11 +172,13 @@ return {'queued', tostring(len - 1), ARGV[5]}
 
 # Fleet-wide model rate limits, GCRA: each key holds its limit's theoretical arrival time (ms);
 # a minute's worth of requests (tokens) may come at once. Both limits admit a call together,
-# or neither changes and the call waits for the later of the two.
-# KEYS: requests tokens (one endpoint's, one hash tag) ; ARGV: now_ms, rpm, tpm, tokens
+# or neither changes and the call waits for the later of the two. Time is Redis's own (TIME),
+# never a worker's clock: workers whose clocks disagree share the limit all the same.
+# KEYS: requests tokens (one endpoint's, one hash tag) ; ARGV: rpm, tpm, tokens
 # -> 0 (admitted) or the milliseconds to wait
 ADMIT: Final = """
-local now = tonumber(ARGV[1])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local function next_tat(key, per_minute, cost)
   if per_minute <= 0 or cost <= 0 then return nil, 0 end
   local tat = tonumber(redis.call('GET', key) or '0')
@@ -184,8 +186,8 @@ local function next_tat(key, per_minute, cost)
   local new = tat + cost * 60000 / per_minute
   return new, math.max(0, new - 60000 - now)
 end
-local rtat, rwait = next_tat(KEYS[1], tonumber(ARGV[2]), 1)
-local ttat, twait = next_tat(KEYS[2], tonumber(ARGV[3]), math.min(tonumber(ARGV[4]), tonumber(ARGV[3])))
+local rtat, rwait = next_tat(KEYS[1], tonumber(ARGV[1]), 1)
+local ttat, twait = next_tat(KEYS[2], tonumber(ARGV[2]), math.min(tonumber(ARGV[3]), tonumber(ARGV[2])))
 local wait = math.max(rwait, twait)
 if wait > 0 then return math.ceil(wait) end
 if rtat then redis.call('SET', KEYS[1], rtat, 'PX', 120000) end
