@@ -24,6 +24,7 @@ from contracts.state import AgentState
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from tool_services.calls import CallStore, Claim, ClaimKind
 from tool_services.notes.service import FileNoteArgs, file_note
+from tool_services.registry import Announcer
 from tool_services.sdk import CallContext
 from worker.ratelimit import RedisRateLimiter
 from worker.redaction.vault import RedisVault
@@ -186,6 +187,12 @@ CASES: dict[str, tuple[str, Case]] = {
         lambda r: file_note(FileNoteArgs(text="call back"), _context(r)),
     ),
     "registry DROP_IF_UNCHANGED": ("contracts/registry.py", lambda r: live_tools(r)),
+    "registry ANNOUNCE": (
+        "tool_services/registry.py",
+        lambda r: Announcer(
+            r, service="svc", instance_id="i-1", tools=(), interval_s=5, ttl_s=45
+        ).announce(),
+    ),
 }
 
 
