@@ -25,12 +25,13 @@ TTL_S = 120
 AGENT = AgentProfile(name="support")
 
 
-def turn(uid: str, n: int = 1) -> TurnRequest:
+def turn(uid: str, n: int = 1, *, persist: bool = True) -> TurnRequest:
     return TurnRequest(
         turn_id=f"t-{uid}-{n}",
         session_id=f"s-{uid}",
         agent="support",
         input=(InputMessage(content=f"question {n}"),),
+        persist=persist,
     )
 
 
@@ -152,6 +153,22 @@ async def test_a_parked_turns_keys_outlive_its_wait(redis: Redis, uid: str) -> N
     assert lasting(found, TTL_S - 5) == {}
     assert all(t <= TTL_S for t in found.values()), "its end sets the idle lifetime"
     assert TTL_S - 5 <= await redis.ttl(index) <= TTL_S
+
+
+async def test_a_parked_persist_false_turn_keeps_the_sessions_history(
+    redis: Redis, uid: str
+) -> None:
+    store = RedisStore(redis, ttl_s=TTL_S)
+    kept, transient = turn(uid, 1), turn(uid, 2, persist=False)
+    session, state = await first_save(store, kept)
+    await end(session, state, 2)
+    session, state = await first_save(store, transient)  # its messages go to a list of its own
+    wait_s = 3600
+    state = await session.save(parked(state, (), time.time(), wait_s), release=True)
+    found = await ttls(redis, kept.session_id)
+    assert {"history", f"turn:{transient.turn_id}:messages"} <= set(found)
+    del found[f"turn:{kept.turn_id}:result"]  # lives ttl_s after its own turn's end
+    assert lasting(found, TTL_S + wait_s - 5) == {}
 
 
 async def test_erasing_a_session_never_lets_its_fencing_tokens_go_back(

@@ -194,6 +194,7 @@ class SessionHandle:
                         keys.session_replies(sid),
                         keys.turn_controls(sid, turn_id or "_"),
                         keys.session_fence(sid),
+                        keys.session_history(sid),
                     ],
                     args,
                     (keys.turn_session(turn_id), lifetime) if renew and turn_id else None,

@@ -95,11 +95,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 
 return 0
 """
 
-# KEYS: lease state list result turns queue requests transient replies controls fence
+# KEYS: lease state list result turns queue requests transient replies controls fence history
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
 #       parked, n, msg...
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
-# ``transient`` names and a result deletes). ``parked``: the step a turn parks at (recorded in
+# ``transient`` names and a result deletes; ``history`` is the session's, kept alive either
+# way). ``parked``: the step a turn parks at (recorded in
 # its controls, so that whoever records a control message kicks that step), '-' when it
 # resumes (the controls that woke it, now in its state, are dropped with it; a cancel stays),
 # '' otherwise. ``ttl_s``: how long every key of the session lives at least after this save
@@ -132,9 +133,9 @@ if ARGV[6] ~= '' then
   redis.call('DEL', KEYS[8], KEYS[10])
   head = redis.call('LINDEX', KEYS[6], 0) or ''
   replies = redis.call('HGET', KEYS[9], ARGV[7]) or ''
-  for i = 2, 11 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  for i = 2, 12 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 else
-  keep(ARGV[5], 2, 11)
+  keep(ARGV[5], 2, 12)
 end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting}
