@@ -8,7 +8,7 @@ Layout (keys from ``contracts.keys``, all under the session's hash tag):
 - ``history``: list of msgpack messages (append-only), ``turn:<id>:messages``
   the same for a ``persist: false`` turn;
 - ``lease`` / ``fence``: the fencing token of the worker running a step, and
-  the counter that hands out tokens (strictly increasing);
+  the counter that hands out tokens (strictly increasing; erasing the session keeps it);
 - ``queue``, ``turns``, ``requests``: the session's turns in arrival order, the
   status of every turn it accepted, the requests of turns not yet started;
 - ``turn:<id>:result``: the stored ``TurnResult``.
@@ -21,8 +21,9 @@ without one gets one. A save that parks a turn keeps them ``ttl_s`` past the end
 The save that ends a turn sets each of them to expire exactly ``ttl_s`` after it, with the
 turn's result (its controls and ``persist: false`` messages are deleted then). So every key of
 a live turn outlives it, and an idle session is gone ``ttl_s`` after its last activity. The
-results of earlier turns each expire ``ttl_s`` after their own turn's end; the turn's session
-index (outside the hash tag) ``ttl_s`` after its turn was accepted.
+results of earlier turns each expire ``ttl_s`` after their own turn's end. A turn's session
+index (outside the hash tag) is written with ``ttl_s`` when the turn is accepted, and a save
+that parks or ends the turn gives it the expiry it gives the session's keys.
 
 Every write is one Lua script that first checks the caller still holds the
 lease (its token) and that the state's version is the one it loaded, so a
@@ -33,8 +34,9 @@ a step's last save also lets go of the lease (``release``), so a step costs thre
 lease, model answer, step. Messages are decoded in one batch.
 
 On a Redis Cluster (``contracts.runtime.redis_client``) every script's keys share the session's
-hash tag; the one key outside it that accepting a turn writes, the turn's session index, goes
-beside the accept script at the same time (redis-py's cluster pipeline carries no scripts).
+hash tag; the one key outside it, the turn's session index that accepting a turn writes and a
+save that parks or ends it renews, goes beside the script at the same time (redis-py's cluster
+pipeline carries no scripts).
 """
 
 from __future__ import annotations
