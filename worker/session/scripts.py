@@ -100,10 +100,9 @@ return 0
 #       parked, n, msg...
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
 # ``transient`` names and a result deletes; ``history`` is the session's, kept alive either
-# way). ``parked``: the step a turn parks at (recorded in
-# its controls, so that whoever records a control message kicks that step), '-' when it
-# resumes (the controls that woke it, now in its state, are dropped with it; a cancel stays),
-# '' otherwise. ``ttl_s``: how long every key of the session lives at least after this save
+# way). ``parked``: the step a turn parks at (recorded in its controls, so that whoever
+# records a control message kicks that step), '-' when it resumes (the controls that woke it,
+# now in its state, are dropped with it; a cancel stays), '' otherwise. ``ttl_s``: how long every key of the session lives at least after this save
 # (a parked turn's keys outlive its wait); a result sets them to expire exactly ``ttl_s``
 # after it. Returns {version, next head, replies, controls waiting}: the last is 1 when a turn
 # parks while control messages for it were recorded already (it resumes at once).
