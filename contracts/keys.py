@@ -37,7 +37,8 @@ def session_lease(session_id: str) -> str:
 
 
 def session_fence(session_id: str) -> str:
-    """Integer: the last fencing token handed out for the session (monotonic)."""
+    """Integer: the last fencing token handed out for the session (monotonic: erasing the
+    session keeps it, until its expiry)."""
     return f"{PREFIX}:{{{session_id}}}:fence"
 
 
@@ -114,7 +115,8 @@ def turn_controls(session_id: str, turn_id: str) -> str:
 
 def turn_session(turn_id: str) -> str:
     """String: the session of a turn, written when the turn is accepted, so that a control
-    message may name the turn alone."""
+    message may name the turn alone; it expires ``ttl_s`` after that, or after the last save
+    that parked or ended the turn (``worker.session.store``)."""
     return f"{PREFIX}:turn:{turn_id}:session"
 
 

@@ -7,6 +7,11 @@ ToolAnnouncement>`` when it starts and every ``announce_interval_s``, with
 shutdown. An instance that died simply stops refreshing: its announcement
 expires and its tools are no longer offered. An instance whose AMQP connection
 is down skips its heartbeat for the same reason.
+
+Nothing of a dead instance stays: every heartbeat also removes the expired announcements of
+others (as every worker's read does, ``live_tools``), and keeps the hash itself alive at least
+``announce_ttl_s`` more (a longer expiry stays), so once no instance announces any more the
+hash is gone too.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from redis.asyncio import Redis
 
@@ -27,6 +34,14 @@ from contracts.tools import ToolAnnouncement, ToolDefinition
 __all__ = ["Announcer", "live_tools"]
 
 log = logging.getLogger("loopwire.tool_services")
+
+# KEYS: registry ; ARGV: instance_id, announcement, ttl_s: the hash lives at least ttl_s more
+_ANNOUNCE: Final = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local t = redis.call('TTL', KEYS[1])
+if t == -1 or t < tonumber(ARGV[3]) then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+return 1
+"""
 
 
 class Announcer:
@@ -53,6 +68,7 @@ class Announcer:
         self.healthy = healthy
         self.clock = clock
         self._task: asyncio.Task[None] | None = None
+        self._announce = redis.register_script(_ANNOUNCE)
 
     async def announce(self) -> None:
         now = self.clock()
@@ -63,7 +79,11 @@ class Announcer:
             announced_at=now,
             expires_at=now + self.ttl_s,
         )
-        await self.redis.hset(keys.tool_registry(), self.instance_id, encode(announcement))
+        await self._announce(
+            keys=[keys.tool_registry()],
+            args=[self.instance_id, encode(announcement), math.ceil(self.ttl_s)],
+        )
+        await live_tools(self.redis, now)  # which removes the expired announcements of others
 
     async def start(self) -> None:
         """Announce now (failing loudly) and keep announcing in the background."""

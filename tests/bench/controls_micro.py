@@ -1,7 +1,8 @@
 """What the turn controls add to a step when none is configured, measured alone in the driver
 process (``time.process_time`` per step): the loop's checks (is a budget set, does a call
 need approval, does a hook ask for one, is the turn parked) and the lease script reading the
-turn's controls (an empty hash) beside the state, against the script without that read."""
+turn's controls (an empty hash) beside the state, against the script without that read (the
+script as it is now also keeps the session's keys alive, which counts here too)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,14 @@ async def _script_us(redis: Redis, script: str, n: int, controls: bool) -> float
         keys.session_state(session),
         keys.session_history(session),
     ]
-    if controls:
-        names.append(keys.turn_controls(session, "t1"))
+    if controls:  # the lease script as it is: it also keeps the session's keys alive
+        names += [
+            keys.turn_controls(session, "t1"),
+            keys.session_queue(session),
+            keys.session_requests(session),
+            keys.session_turns(session),
+            keys.session_replies(session),
+        ]
     await redis.hset(keys.session_state(session), mapping={"v": 3, "s": b"x" * 3000})
     await redis.rpush(keys.session_history(session), *([b"m" * 500] * 40))
     try:

@@ -42,8 +42,12 @@ def agents_file(tmp_path: Path, tools: list[str]) -> Path:
 
 
 async def leftovers(redis: Redis, session: str, turn_ids: list[str]) -> list[str]:
-    """Every key of the session, or of its turns, still in Redis."""
+    """Every key of the session, or of its turns, still in Redis (but its fence, a bare counter
+    that stays with an expiry so that fencing tokens never go back)."""
+    fence = keys.session_fence(session)
+    assert not await redis.exists(fence) or await redis.ttl(fence) > 0
     found = [k.decode() async for k in redis.scan_iter(match=f"*{{{session}}}*")]
+    found = [k for k in found if k != fence]
     for turn_id in turn_ids:
         found += [k.decode() async for k in redis.scan_iter(match=f"*{turn_id}*")]
     waiting = await redis.hkeys(keys.approvals_waiting())

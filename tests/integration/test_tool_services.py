@@ -22,6 +22,7 @@ from contracts.tools import ToolAnnouncement, ToolDefinition
 from contracts.topology import TOOLS_EXCHANGE, tool_queue
 from tool_services.calculator import create_service as create_calculator
 from tool_services.notes import create_service as create_notes
+from tool_services.registry import Announcer
 from tool_services.sdk import CallContext, ToolError, ToolService
 from tool_services.search import create_service as create_search
 
@@ -116,6 +117,31 @@ async def test_live_tools_lists_announced_tools_of_live_instances_only(
     await server.stop()  # a clean shutdown withdraws the announcement at once
     assert f"echo_{uid}" not in await live_tools(redis)
     assert not await redis.hexists(keys.tool_registry(), server.instance_id)
+
+
+async def test_a_heartbeat_removes_what_crashed_instances_announced(redis: Redis, uid: str) -> None:
+    now = time.time()
+    crashed = ToolAnnouncement(
+        service=f"test-{uid}",
+        instance_id=f"crashed-{uid}",
+        tools=(ToolDefinition(name=f"ghost_{uid}"),),
+        announced_at=now - 60,
+        expires_at=now - 15,
+    )
+    await redis.hset(keys.tool_registry(), crashed.instance_id, encode(crashed))
+    live = Announcer(
+        redis,
+        service=f"test-{uid}",
+        instance_id=f"live-{uid}",
+        tools=(ToolDefinition(name=f"echo_{uid}"),),
+        interval_s=5,
+        ttl_s=45,
+    )
+    await live.announce()  # no worker reads the registry meanwhile
+    assert not await redis.hexists(keys.tool_registry(), crashed.instance_id)
+    assert await redis.hexists(keys.tool_registry(), live.instance_id)
+    assert await redis.ttl(keys.tool_registry()) >= 40, "gone once nobody announces"
+    await live.stop()
 
 
 async def test_invalid_arguments_are_an_error_reply_and_the_tool_does_not_run(

@@ -24,6 +24,7 @@ from contracts.state import AgentState
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from tool_services.calls import CallStore, Claim, ClaimKind
 from tool_services.notes.service import FileNoteArgs, file_note
+from tool_services.registry import Announcer
 from tool_services.sdk import CallContext
 from worker.model.ratelimit import RedisRateLimiter
 from worker.redaction.vault import RedisVault
@@ -62,6 +63,36 @@ class Recorder(Redis):
         if args[0] == "HGETALL":
             return {b"instance-1": b"\xc1 not msgpack"}
         return None
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Any:
+        return _Pipeline(self)
+
+
+class _Pipeline:
+    """What ``RedisStore.beside`` pipelines (accepting a turn, a save that ends or parks one):
+    the script's keys are recorded as above."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.evalshas: list[tuple[Any, ...]] = []
+
+    async def __aenter__(self) -> _Pipeline:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        return None
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
+        self.recorder.scripts.append([str(k) for k in keys_and_args[:numkeys]])
+
+    def set(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    def expire(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    async def execute(self) -> Any:
+        raise Stop
 
 
 def _state() -> AgentState:
@@ -172,6 +203,12 @@ CASES: dict[str, tuple[str, Case]] = {
         lambda r: file_note(FileNoteArgs(text="call back"), _context(r)),
     ),
     "registry DROP_IF_UNCHANGED": ("contracts/registry.py", lambda r: live_tools(r)),
+    "registry ANNOUNCE": (
+        "tool_services/registry.py",
+        lambda r: Announcer(
+            r, service="svc", instance_id="i-1", tools=(), interval_s=5, ttl_s=45
+        ).announce(),
+    ),
 }
 
 

@@ -5,7 +5,9 @@ A step asks before its model call; over the limit, it parks its turn as ``thrott
 its slot instead of sleeping in the worker (``worker.loop.engine``), as it does when the model
 answers 429 with ``Retry-After``. A call's tokens are estimated before it is made (its text
 over four characters a token, plus its ``max_tokens``), and a call is never charged more than
-a minute's allowance, so one large request cannot wait forever. With neither limit set
+a minute's allowance, so one large request cannot wait forever. The script keeps time by
+Redis's clock (``TIME``), never a worker's: a worker whose clock is off is limited like the
+others (Redis Cluster runs it too: scripts replicate their effects). With neither limit set
 (``LOOPWIRE_MODEL__REQUESTS_PER_MINUTE``, ``LOOPWIRE_MODEL__TOKENS_PER_MINUTE``), nothing is
 asked.
 """
@@ -13,8 +15,7 @@ asked.
 from __future__ import annotations
 
 import hashlib
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
@@ -40,18 +41,15 @@ class RedisRateLimiter:
         endpoint: str,
         requests_per_minute: int,
         tokens_per_minute: int,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         tag = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
         self.keys = [keys.rate_limit(tag, "requests"), keys.rate_limit(tag, "tokens")]
         self.rpm = requests_per_minute
         self.tpm = tokens_per_minute
-        self.clock = clock
         self._admit = redis.register_script(scripts.ADMIT)
 
     async def admit(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> float:
         """0 when the call may go now, else the seconds until its slot."""
         tokens = estimate_tokens(messages, max_tokens) if self.tpm else 0
-        now_ms = int(self.clock() * 1000)
-        wait_ms = await self._admit(keys=self.keys, args=[now_ms, self.rpm, self.tpm, tokens])
+        wait_ms = await self._admit(keys=self.keys, args=[self.rpm, self.tpm, tokens])
         return int(wait_ms) / 1000

@@ -6,7 +6,8 @@ them out; a handle knows of it only what ``HandleStore`` says.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -32,11 +33,20 @@ class HandleStore(SessionStore, Protocol):
 
     redis: Redis
     ttl_s: int
+    clock: Callable[[], float]
     _save: AsyncScript
 
     def timed(self, operation: str) -> AbstractContextManager[object]: ...
 
     def encode_state(self, state: AgentState) -> bytes: ...
+
+    async def beside(
+        self,
+        script: AsyncScript,
+        script_keys: list[str],
+        args: list[Any],
+        other: Callable[[Any], Any],
+    ) -> Any: ...
 
 
 class ParkedState:
@@ -176,12 +186,13 @@ class SessionHandle:
         appended = [encode(m) for m in append]
         blob = self.store.encode_state(state)
         parked = _parked_arg(state, self.parked)
+        lifetime = _lifetime(state, self.store.ttl_s, self.store.clock())
         args: list[Any] = [
             self.token,
             state.version,
             blob,
             "1" if release else "0",
-            self.store.ttl_s,
+            lifetime,
             encode(result) if result is not None else "",
             turn_id,
             parked,
@@ -191,8 +202,11 @@ class SessionHandle:
         result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
         try:
             with self.store.timed("save"):
-                version, head, replies, waiting, cancel = await self.store._save(
-                    keys=[
+                # a save that ends a turn, or keeps it longer than the idle lifetime (a park),
+                # gives the turn's session index the same expiry
+                renew = result is not None or lifetime > self.store.ttl_s
+                version, head, replies, waiting, cancel = await self._write(
+                    [
                         keys.session_lease(sid),
                         keys.session_state(sid),
                         target,
@@ -203,8 +217,11 @@ class SessionHandle:
                         keys.turn_transient(sid, turn_id or "_"),
                         keys.session_replies(sid),
                         keys.turn_controls(sid, turn_id or "_"),
+                        keys.session_fence(sid),
+                        keys.session_history(sid),
                     ],
-                    args=args,
+                    args,
+                    (keys.turn_session(turn_id), lifetime) if renew and turn_id else None,
                 )
         except ResponseError as exc:
             if "STALE" in str(exc):
@@ -234,6 +251,18 @@ class SessionHandle:
         self._stored = (saved.version, blob) if keep else None
         return saved
 
+    async def _write(
+        self, script_keys: list[str], args: list[Any], index: tuple[str, int] | None
+    ) -> Any:
+        """The save script's reply; with ``index`` (the turn's session index and its expiry in
+        seconds), that expiry is set beside it, in the same round trip."""
+        if index is None:
+            return await self.store._save(keys=script_keys, args=args)
+        key, ttl = index
+        return await self.store.beside(
+            self.store._save, script_keys, args, lambda r: r.expire(key, ttl)
+        )
+
 
 def _parked_arg(state: AgentState, parked: int | None) -> str:
     """The save script's ``parked``: the step a turn parks at, '-' when a parked turn goes on
@@ -243,6 +272,16 @@ def _parked_arg(state: AgentState, parked: int | None) -> str:
         index = ex.pending.index if ex.pending is not None else len(ex.steps)
         return "" if parked == index else str(index)
     return "-" if parked is not None else ""
+
+
+def _lifetime(state: AgentState, ttl_s: int, now: float) -> int:
+    """How long every key of the session lives at least after a save of ``state``: ``ttl_s``,
+    and a parked turn's ``ttl_s`` past the end of its wait."""
+    ex = state.execution
+    wait = ex.wait if ex is not None and ex.status == "waiting" else None
+    if wait is None or wait.until is None:
+        return ttl_s
+    return ttl_s + max(0, math.ceil(wait.until - now))
 
 
 def _asks_model(state: AgentState) -> bool:

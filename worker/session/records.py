@@ -4,9 +4,11 @@ once no turn of the session runs, under its lease.
 
 Erasure deletes every key with the session's hash tag (state, history, results, queue,
 requests, replies, controls, the redaction mapping, the notes and their idempotency record,
-the lease and fence), and what its turns left outside it: each turn's session index, the
+the lease), and what its turns left outside it: each turn's session index, the
 tool-call idempotency records of its calls (``lw:toolcall:{<turn id>:<call id>}``) and its
-entries in the list of calls waiting for a decision.
+entries in the list of calls waiting for a decision. The fence (a bare counter, no user data)
+stays, with its expiry (``ttl_s`` from the lease the erasure ran under): a worker that still
+holds a token from before the erasure can never write to the session started after it.
 """
 
 from __future__ import annotations
@@ -134,8 +136,10 @@ class SessionRecords:
         """Delete everything of the session; the number of keys deleted."""
         turn_ids = [_text(t) for t in await self.redis.hkeys(keys.session_turns(session_id))]
         doomed: list[str] = []
+        fence = keys.session_fence(session_id)  # kept: tokens never go back
         async for key in self._scan(f"{keys.PREFIX}:{{{session_id}}}:*"):
-            doomed.append(key)
+            if key != fence:
+                doomed.append(key)
         for turn_id in turn_ids:
             doomed.append(keys.turn_session(turn_id))
             async for key in self._scan(keys.tool_calls_of_turn(turn_id)):

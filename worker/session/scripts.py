@@ -1,20 +1,43 @@
 """The Lua scripts of the session store (``worker.session.store``), each one atomic step in Redis:
 take, renew and release a session's lease, save a step (only under the caller's lease, its
 fencing token, and on the version it loaded), accept a turn request (a turn id once, in one
-session)."""
+session).
+
+Expiry: accepting a turn, taking or renewing the lease, recording a control message and every
+save keep each key of the session they name alive at least the given lifetime more
+(``KEEP``: a longer expiry stays, a key without one gets one); the save that ends a turn sets
+every key of the session to expire exactly ``ttl_s`` after it."""
 
 from __future__ import annotations
 
 from typing import Final
 
-# KEYS: lease fence state history controls(of the step's turn) queue requests
+# keep(s, i, j): each of KEYS[i..j] that exists lives at least s seconds more (a longer expiry
+# is kept, a key without one gets one)
+KEEP: Final = """
+local function keep(s, i, j)
+  s = tonumber(s)
+  for k = i, j do
+    local t = redis.call('TTL', KEYS[k])
+    if t == -1 or (t >= 0 and t < s) then redis.call('EXPIRE', KEYS[k], s) end
+  end
+end
+"""
+
+
+def _keeping(body: str) -> str:
+    """A script that may call ``keep``."""
+    return KEEP + body
+
+
+# KEYS: lease fence state history controls(of the step's turn) queue requests turns replies
 # ARGV: lease_ttl_ms, session_ttl_s, turn_id ('' : not a turn's first step)
 # -> {0} (held elsewhere) or {token, version, state, history, controls[, head, request]}: a
 #    turn's first step also gets the session's queue head and the turn's stored request
-BEGIN: Final = """
+BEGIN: Final = _keeping("""
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
 local token = redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
+keep(ARGV[2], 2, 9)
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
 local state = redis.call('HMGET', KEYS[3], 'v', 's')
 local reply = {token, state[1] or false, state[2] or false,
@@ -24,31 +47,33 @@ if ARGV[3] ~= '' then
   reply[7] = redis.call('HGET', KEYS[7], ARGV[3]) or ''
 end
 return reply
-"""
+""")
 
-# KEYS: lease controls ; ARGV: token, ttl_ms -> 0 lost, 1 held, 2 held and the turn is cancelled
-RENEW: Final = """
+# KEYS: lease controls state history fence queue turns requests replies transient
+# ARGV: token, ttl_ms, session_ttl_s -> 0 lost, 1 held, 2 held and the turn is cancelled
+RENEW: Final = _keeping("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  keep(ARGV[3], 2, 10)
   if redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then return 2 end
   return 1 end
 return 0
-"""
+""")
 
 # Record a control message of a turn once (field 'cancel', or 'decision:<call id>').
 # KEYS: turns controls ; ARGV: turn_id, field, blob, ttl_s
 # -> {'unknown'} (never accepted), {'finished'}, or {'recorded' | 'again' (a copy), parked}:
 #    ``parked`` is the step the turn is parked at ('' when it is not parked)
-CONTROL: Final = """
+CONTROL: Final = _keeping("""
 local status = redis.call('HGET', KEYS[1], ARGV[1])
 if not status then return {'unknown'} end
 if status == 'done' then return {'finished'} end
 local new = redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
+keep(ARGV[4], 1, 2)
 local parked = redis.call('HGET', KEYS[2], 'parked') or ''
 if new == 1 then return {'recorded', parked} end
 return {'again', parked}
-"""
+""")
 
 # End a turn still queued behind others (it never started).
 # KEYS: turns queue requests result replies controls ; ARGV: turn_id, result_blob, ttl_s
@@ -71,41 +96,39 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 
 return 0
 """
 
-# KEYS: lease state list result turns queue requests transient replies controls
+# KEYS: lease state list result turns queue requests transient replies controls fence history
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
 #       parked, n, msg...
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
-# ``transient`` names and a result deletes). ``parked``: the step a turn parks at (recorded in
-# its controls, so that whoever records a control message kicks that step), '-' when it
-# resumes (the controls that woke it, now in its state, are dropped with it; a cancel stays),
-# '' otherwise. Returns {version, next head, replies, controls waiting, cancel}: ``controls
-# waiting`` is 1 when a turn parks while control messages for it were recorded already (it
-# resumes at once); ``cancel`` the turn's recorded cancel ('' when none, or the turn ended).
-SAVE: Final = """
+# ``transient`` names and a result deletes; ``history`` is the session's, kept alive either
+# way). ``parked``: the step a turn parks at (recorded in its controls, so that whoever
+# records a control message kicks that step), '-' when it resumes (the controls that woke it,
+# now in its state, are dropped with it; a cancel stays), '' otherwise. ``ttl_s``: how long
+# every key of the session lives at least after this save (a parked turn's keys outlive its
+# wait); a result sets them to expire exactly ``ttl_s`` after it. Returns {version, next head,
+# replies, controls waiting, cancel}: ``controls waiting`` is 1 when a turn parks while control
+# messages for it were recorded already (it resumes at once); ``cancel`` the turn's recorded
+# cancel ('' when none, or the turn ended).
+SAVE: Final = _keeping("""
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
 local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
 if v ~= tonumber(ARGV[2]) then return redis.error_reply('STALE version ' .. v) end
 redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3])
 local n = tonumber(ARGV[9])
-if n > 0 then
-  redis.call('RPUSH', KEYS[3], unpack(ARGV, 10, 9 + n))
-  redis.call('EXPIRE', KEYS[3], ARGV[5])
-end
+if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 10, 9 + n)) end
 local waiting = 0
 local cancel = redis.call('HGET', KEYS[10], 'cancel')
 if ARGV[8] == '-' then
   -- it goes on: what woke it is in its state now; only a cancel is kept
   redis.call('DEL', KEYS[10])
-  if cancel then redis.call('HSET', KEYS[10], 'cancel', cancel) redis.call('EXPIRE', KEYS[10], ARGV[5]) end
+  if cancel then redis.call('HSET', KEYS[10], 'cancel', cancel) end
 elseif ARGV[8] ~= '' then
   redis.call('HSET', KEYS[10], 'parked', ARGV[8])
-  redis.call('EXPIRE', KEYS[10], ARGV[5])
   if redis.call('HLEN', KEYS[10]) > 1 then waiting = 1 end
 end
 local head, replies = '', ''
 if ARGV[6] ~= '' then
-  local ttl = tonumber(ARGV[5])
-  redis.call('SET', KEYS[4], ARGV[6], 'EX', ttl)
+  redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[5])
   redis.call('HSET', KEYS[5], ARGV[7], 'done')
   if redis.call('LINDEX', KEYS[6], 0) == ARGV[7] then redis.call('LPOP', KEYS[6]) end
   redis.call('HDEL', KEYS[7], ARGV[7])
@@ -113,15 +136,15 @@ if ARGV[6] ~= '' then
   cancel = false
   head = redis.call('LINDEX', KEYS[6], 0) or ''
   replies = redis.call('HGET', KEYS[9], ARGV[7]) or ''
-  for i = 2, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
-  redis.call('EXPIRE', KEYS[7], ttl)
-  redis.call('EXPIRE', KEYS[9], ttl)
+  for i = 2, 12 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+else
+  keep(ARGV[5], 2, 12)
 end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting, cancel or ''}
-"""
+""")
 
-# KEYS: turns requests queue result replies [index]
+# KEYS: turns requests queue result replies state history fence [index]
 # ARGV: turn_id, request_blob, ttl_s, reply_to|'', now, session_id
 # A turn's status is 'queued <accepted at>' until it is 'done': a copy of it is announced with
 # the time the first was accepted.
@@ -130,11 +153,11 @@ return {v + 1, head, replies, waiting, cancel or ''}
 # ``index`` (the turn's session index, on one Redis; on a Redis Cluster it lives in another
 # slot and ``CLAIM`` writes it first): a turn id another session accepted is refused,
 # {'in_use'}, and nothing is written.
-ACCEPT: Final = """
-if KEYS[6] then
-  local owner = redis.call('GET', KEYS[6])
+ACCEPT: Final = _keeping("""
+if KEYS[9] then
+  local owner = redis.call('GET', KEYS[9])
   if owner and owner ~= ARGV[6] then return {'in_use', ''} end
-  if not owner then redis.call('SET', KEYS[6], ARGV[6], 'EX', ARGV[3]) end
+  if not owner then redis.call('SET', KEYS[9], ARGV[6], 'EX', ARGV[3]) end
 end
 if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued ' .. ARGV[5]) == 0 then
   local res = redis.call('GET', KEYS[4])
@@ -147,20 +170,17 @@ if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued ' .. ARGV[5]) == 0 then
     elseif not string.find(' ' .. cur .. ' ', ' ' .. ARGV[4] .. ' ', 1, true) then
       redis.call('HSET', KEYS[5], ARGV[1], cur .. ' ' .. ARGV[4])
     end
-    redis.call('EXPIRE', KEYS[5], ARGV[3])
   end
+  keep(ARGV[3], 1, 8)
   return {'pending', '', string.sub(status, 8)}
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
-  redis.call('EXPIRE', KEYS[5], ARGV[3])
-end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[5], ARGV[1], ARGV[4]) end
 local len = redis.call('RPUSH', KEYS[3], ARGV[1])
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+keep(ARGV[3], 1, 8)
 if len == 1 then return {'start', '', ARGV[5]} end
 return {'queued', tostring(len - 1), ARGV[5]}
-"""
+""")
 
 # A turn id's session index, claimed for a session before its accept (on a Redis Cluster,
 # where the index is in another slot than the session's keys).
@@ -174,11 +194,13 @@ return 1
 
 # Fleet-wide model rate limits, GCRA: each key holds its limit's theoretical arrival time (ms);
 # a minute's worth of requests (tokens) may come at once. Both limits admit a call together,
-# or neither changes and the call waits for the later of the two.
-# KEYS: requests tokens (one endpoint's, one hash tag) ; ARGV: now_ms, rpm, tpm, tokens
+# or neither changes and the call waits for the later of the two. Time is Redis's own (TIME),
+# never a worker's clock: workers whose clocks disagree share the limit all the same.
+# KEYS: requests tokens (one endpoint's, one hash tag) ; ARGV: rpm, tpm, tokens
 # -> 0 (admitted) or the milliseconds to wait
 ADMIT: Final = """
-local now = tonumber(ARGV[1])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local function next_tat(key, per_minute, cost)
   if per_minute <= 0 or cost <= 0 then return nil, 0 end
   local tat = tonumber(redis.call('GET', key) or '0')
@@ -186,8 +208,8 @@ local function next_tat(key, per_minute, cost)
   local new = tat + cost * 60000 / per_minute
   return new, math.max(0, new - 60000 - now)
 end
-local rtat, rwait = next_tat(KEYS[1], tonumber(ARGV[2]), 1)
-local ttat, twait = next_tat(KEYS[2], tonumber(ARGV[3]), math.min(tonumber(ARGV[4]), tonumber(ARGV[3])))
+local rtat, rwait = next_tat(KEYS[1], tonumber(ARGV[1]), 1)
+local ttat, twait = next_tat(KEYS[2], tonumber(ARGV[2]), math.min(tonumber(ARGV[3]), tonumber(ARGV[2])))
 local wait = math.max(rwait, twait)
 if wait > 0 then return math.ceil(wait) end
 if rtat then redis.call('SET', KEYS[1], rtat, 'PX', 120000) end

@@ -8,15 +8,22 @@ Layout (keys from ``contracts.keys``, all under the session's hash tag):
 - ``history``: list of msgpack messages (append-only), ``turn:<id>:messages``
   the same for a ``persist: false`` turn;
 - ``lease`` / ``fence``: the fencing token of the worker running a step, and
-  the counter that hands out tokens (strictly increasing);
+  the counter that hands out tokens (strictly increasing; erasing the session keeps it);
 - ``queue``, ``turns``, ``requests``: the session's turns in arrival order, the
   status of every turn it accepted, the requests of turns not yet started;
 - ``turn:<id>:result``: the stored ``TurnResult``.
 
-Every key of a session expires (``ttl_s``): the state, history, turns, requests and replies
-are renewed when a turn ends, the queue and replies when a turn is accepted (the queue is gone
-once empty); a ``persist: false`` turn's message list gets the same expiry when written and is
-deleted when the turn ends.
+Every key of a session expires; ``ttl_s`` is the session's idle lifetime. Accepting a turn,
+taking or renewing the lease, recording a control message and every save keep each key of the
+session they name (state, history, fence, queue, turns, requests, replies, the turn's controls
+and ``persist: false`` messages) alive at least ``ttl_s`` more: a longer expiry stays, a key
+without one gets one. A save that parks a turn keeps them ``ttl_s`` past the end of its wait.
+The save that ends a turn sets each of them to expire exactly ``ttl_s`` after it, with the
+turn's result (its controls and ``persist: false`` messages are deleted then). So every key of
+a live turn outlives it, and an idle session is gone ``ttl_s`` after its last activity. The
+results of earlier turns each expire ``ttl_s`` after their own turn's end. A turn's session
+index (outside the hash tag) is written with ``ttl_s`` when the turn is accepted, and a save
+that parks or ends the turn gives it the expiry it gives the session's keys.
 
 Every write is one Lua script that first checks the caller still holds the
 lease (its token) and that the state's version is the one it loaded, so a
@@ -27,15 +34,18 @@ a step's last save also lets go of the lease (``release``), so a step costs thre
 lease, model answer, step. Messages are decoded in one batch.
 
 A turn id belongs to the first session that accepts it for as long as the turn's session index
-lives (``ttl_s`` from that accept; deleting the session frees it): another session's request
-with that id is refused (``Accepted("in_use")``) and writes nothing. On one Redis the accept
-script checks and writes the index itself; on a Redis Cluster (``contracts.runtime.redis_client``)
-every script's keys share the session's hash tag, and the index, outside it, is claimed by a
-script of its own first (of two sessions racing on one id only one gets it).
+lives (``ttl_s`` from that accept, renewed by a save that parks or ends the turn; deleting the
+session frees it): another session's request with that id is refused (``Accepted("in_use")``)
+and writes nothing. On one Redis the accept script checks and writes the index itself; on a
+Redis Cluster (``contracts.runtime.redis_client``) every script's keys share the session's hash
+tag, and the index, outside it, is claimed by a script of its own first (of two sessions racing
+on one id only one gets it); a save that parks or ends a turn renews the index beside its
+script at the same time (redis-py's cluster pipeline carries no scripts).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +53,8 @@ from contextlib import AbstractContextManager
 from typing import Any, Final, Literal
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from contracts import keys
 from contracts.base import Contract
@@ -122,6 +134,9 @@ class RedisStore:
                 keys.session_queue(s),
                 keys.turn_result(s, t),
                 keys.session_replies(s),
+                keys.session_state(s),
+                keys.session_history(s),
+                keys.session_fence(s),
             ]
             args: list[Any] = [t, encode(request), self.ttl_s, request.reply_to or "", now, s]
             index = keys.turn_session(t)
@@ -137,6 +152,33 @@ class RedisStore:
                 # takes keys of any slot in one script)
                 status, payload, *at = await self._accept(keys=[*script_keys, index], args=args)
         return _accepted(status, payload, at)
+
+    async def beside(
+        self,
+        script: AsyncScript,
+        script_keys: list[str],
+        args: list[Any],
+        other: Callable[[Any], Any],
+    ) -> Any:
+        """``script``'s reply, run with one command on a key outside the session's hash tag
+        (``other(client)``: the turn's session index, looked up by the turn id alone) in one
+        round trip: on one Redis in one pipeline, the script by its hash (a pipeline of a
+        Script object would first ask whether the script exists: a round trip more; the first
+        call, or one after Redis forgot its scripts, loads it); on a cluster, where the index
+        likely lives on another node and redis-py's cluster pipeline refuses scripts, both at
+        once."""
+        if self.cluster:
+            reply, _ = await asyncio.gather(script(keys=script_keys, args=args), other(self.redis))
+            return reply
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+                other(pipe)
+                reply, _ = await pipe.execute()
+        except NoScriptError:
+            reply = await script(keys=script_keys, args=args)
+            await other(self.redis)
+        return reply
 
     async def reply_to(self, session_id: str, turn_id: str) -> tuple[str, ...]:
         value = await self.redis.hget(keys.session_replies(session_id), turn_id)
@@ -236,6 +278,8 @@ class RedisStore:
                     keys.turn_controls(session_id, turn_id or "_"),
                     keys.session_queue(session_id),
                     keys.session_requests(session_id),
+                    keys.session_turns(session_id),
+                    keys.session_replies(session_id),
                 ],
                 args=[self.lease_ms, self.ttl_s, turn_id if first else ""],
             )
@@ -260,13 +304,22 @@ class RedisStore:
         return handle
 
     async def renew(self, session: StepSession) -> Renewal:
+        sid, turn_id = session.session_id, session.turn_id or "_"
         with self.timed("renew"):
             held = await self._renew(
                 keys=[
-                    keys.session_lease(session.session_id),
-                    keys.turn_controls(session.session_id, session.turn_id or "_"),
+                    keys.session_lease(sid),
+                    keys.turn_controls(sid, turn_id),
+                    keys.session_state(sid),
+                    keys.session_history(sid),
+                    keys.session_fence(sid),
+                    keys.session_queue(sid),
+                    keys.session_turns(sid),
+                    keys.session_requests(sid),
+                    keys.session_replies(sid),
+                    keys.turn_transient(sid, turn_id),
                 ],
-                args=[session.token, self.lease_ms],
+                args=[session.token, self.lease_ms, self.ttl_s],
             )
         return RENEWALS[int(held)]
 
