@@ -446,7 +446,9 @@ async def test_malformed_request_is_dead_lettered(
         assert rig.events.events == []
 
 
-async def test_unknown_message_kind_is_dead_lettered(make_rig: MakeRig) -> None:
+async def test_unknown_message_kind_is_dead_lettered_and_rejects_no_turn(
+    make_rig: MakeRig,
+) -> None:
     rig = make_rig()
 
     delivery = await rig.deliver(start(request("t1"), {t.H_KIND: "turn.pause"}))
@@ -455,9 +457,37 @@ async def test_unknown_message_kind_is_dead_lettered(make_rig: MakeRig) -> None:
     letter = only_dead_letter(rig)
     assert letter.headers[t.H_REASON_CODE] == "unknown_kind"
     assert "turn.pause" in letter.headers[t.H_REASON]
-    assert rig.event_types("t1") == ["turn.rejected"]
+    assert rig.event_types() == []
     assert rig.store.turns == {}
     assert rig.publisher.published == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        ("turn.pause", {"turn_id": "t1", "session_id": SESSION, "agent": "support"}),
+        (t.KIND_STEP, {"turn_id": "t1", "session_id": SESSION, "step": -1}),
+    ],
+    ids=["unknown-kind", "bad-step"],
+)
+async def test_a_message_naming_a_live_turn_that_is_not_its_request_rejects_it_not(
+    make_rig: MakeRig, kind: str, body: dict[str, Any]
+) -> None:
+    """A publisher newer than this worker (``turn.pause``), or a bad step message, names a
+    running turn: the message is dead-lettered with its reason, and the turn goes on with no
+    ``turn.rejected`` (which its client would take for the turn's end)."""
+    rig = make_rig(answers("Order 42 shipped."))
+    await rig.deliver(start(request("t1")))
+    kick = rig.last_step()
+
+    delivery = await rig.deliver(MemoryDelivery(encode_obj(body), headers={t.H_KIND: kind}))
+
+    assert acked_once(delivery)
+    assert only_dead_letter(rig).headers[t.H_REASON_CODE] in ("unknown_kind", "schema")
+    assert rig.event_types("t1") == ["turn.accepted"]
+    await rig.deliver(MemoryDelivery.of(kick))
+    assert [r.content for r in rig.replies()] == ["Order 42 shipped."]
+    assert rig.event_types("t1")[-1] == "turn.completed"
 
 
 async def test_unknown_agent_is_dead_lettered(make_rig: MakeRig) -> None:

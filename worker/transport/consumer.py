@@ -4,8 +4,9 @@ where due.
 
 - Bad input (undecodable, oversize, wrong schema, hostile ids, unknown agent) is
   published to the dead-letter exchange with ``x-loopwire-reason`` and
-  ``x-loopwire-reason-code`` headers on its first delivery, announced as
-  ``turn.rejected`` when its turn id can be read, and acked.
+  ``x-loopwire-reason-code`` headers on its first delivery, and acked. A rejected turn
+  request is announced as ``turn.rejected`` when its turn id can be read; any other message
+  (a step, a control message, a kind this worker does not know) rejects no turn.
 - Transient failures (Redis down, a Redis Cluster slot without a master during a
   failover, a lost lease race) send the message to the
   delay queue and ack it: the work is never lost and no worker blocks.
@@ -58,7 +59,6 @@ from worker.transport.publish import Publisher, properties
 
 log = logging.getLogger("loopwire.consumer")
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
-_CONTROL_KINDS = (t.KIND_CANCEL, t.KIND_DECISION, t.KIND_CHILD_RESULT, t.KIND_SESSION_DELETE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,8 +298,9 @@ class Consumer:
             ),
         )
         self.metrics.dead_lettered.labels(letter.code).inc()
-        if step is None and headers.get(t.H_KIND) not in _CONTROL_KINDS:
-            # a turn request's turn is rejected; a bad control message rejects no turn
+        if headers.get(t.H_KIND, t.KIND_START) == t.KIND_START:
+            # a turn request's turn is rejected; any other message (a step, a control message,
+            # one of a kind this worker does not know) rejects no turn
             await self._announce_rejected(message.body, reason, letter.code)
         return None
 
