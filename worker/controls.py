@@ -29,10 +29,6 @@ from worker.tracing import Tracing
 
 log = logging.getLogger("loopwire.sequencer")
 
-WAIT_EARLY_S = 1.0
-"""An approval's timeout message back this little before its time counts as due (the
-workers' clocks differ a little; the wait queues' delays are whole seconds)."""
-
 
 class Controls:
     """Mixed into ``SessionSequencer``: what it has that these use."""
@@ -150,11 +146,14 @@ class Controls:
             if work.wait_until != wait.until:
                 return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
             now = self.clock()
-            # a throttled turn waits its whole wait (a Retry-After is a floor)
-            early = WAIT_EARLY_S if wait.kind == "approval" else 0.0
-            if now < work.wait_until - early:  # one hop of several: on to the next
+            # a wait never ends before its time (a Retry-After is a floor, an approval's
+            # ``until`` was announced): back early, it waits the rest
+            if now < work.wait_until:  # one hop of several: on to the next
                 return [Delay(work)]
-            return timed_out(woken, now) if wait.kind == "approval" else woken
+            deadline = ex.request.deadline
+            if wait.kind != "approval" or (deadline is not None and now >= deadline):
+                return woken  # the loop ends a turn past its deadline, as at any deadline
+            return timed_out(woken, now)
         return woken
 
     async def _merge_children(

@@ -76,7 +76,7 @@ class Gates:
             if ex.stop_signal is not None:
                 return await self.end(state, agent, "stop", ex.last_content)
         deadline = ex.request.deadline
-        if deadline is not None and self.clock() > deadline:
+        if deadline is not None and self.clock() >= deadline:
             late = with_execution(state, stop_signal=StopSignal(source="deadline"))
             return await self.end(late, agent, "cancelled", ex.last_content)
         return state

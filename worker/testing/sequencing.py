@@ -3,7 +3,8 @@ per step, over that step's session), for tests and for running turns in one proc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from contracts.events import DEFAULT_EVENTS
 from contracts.tools import ToolDefinition
@@ -32,9 +33,10 @@ def sequencer_over(
     ledger: SpendLedger | None = None,
     announced: frozenset[str] | None = None,
     tracing: Tracing | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> SessionSequencer:
     """Every agent in ``agents`` (a name: a profile with defaults) may use every tool of
-    ``definitions``."""
+    ``definitions``; ``clock``: the time of the loops and the sequencer."""
 
     def loop_factory(session: StepSession, _profile: AgentProfile, redone: bool) -> Loop:
         return Loop(
@@ -51,6 +53,7 @@ def sequencer_over(
             ledger=ledger,
             announced=frozenset(DEFAULT_EVENTS) if announced is None else announced,
             redone=redone,
+            clock=clock,
         )
 
     return SessionSequencer(
@@ -62,4 +65,5 @@ def sequencer_over(
         loop_factory=loop_factory,
         events=events,
         tracing=tracing,
+        clock=clock,
     )
