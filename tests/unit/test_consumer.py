@@ -29,6 +29,7 @@ from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from contracts.work import StepWork
+from worker import failpoints
 from worker.metrics import WorkerMetrics
 from worker.testing.broker import MemoryDelivery, MemoryPublisher, Published, ScriptedAnswers
 from worker.testing.memory import (
@@ -259,19 +260,29 @@ async def test_duplicate_request_of_a_finished_turn_is_answered_again(make_rig: 
 # -- steps ----------------------------------------------------------------------------------
 
 
-async def test_busy_session_is_retried_with_the_same_attempt(make_rig: MakeRig) -> None:
+@pytest.mark.parametrize(
+    ("headers", "retried"),
+    [
+        ({t.H_ATTEMPT: 2}, {t.H_ATTEMPT: 2, t.H_REDONE: True}),
+        ({}, {t.H_ATTEMPT: 0}),  # found busy, never taken: it comes back as fresh as it was
+    ],
+    ids=["failed-before", "fresh"],
+)
+async def test_busy_session_is_retried_with_the_same_attempt(
+    make_rig: MakeRig, headers: dict[str, Any], retried: dict[str, Any]
+) -> None:
     rig = make_rig()
     await rig.deliver(start(request("t1")))
     other = await rig.store.take(SESSION)  # another worker holds the session's lease
     assert other is not None
 
-    delivery = await rig.deliver(MemoryDelivery.of(rig.last_step(), {t.H_ATTEMPT: 2}))
+    delivery = await rig.deliver(MemoryDelivery.of(rig.last_step(), headers))
 
     assert acked_once(delivery)
     [retry] = rig.retries()
     assert retry.body == delivery.body
     assert retry.mandatory is True
-    assert retry.headers == {t.H_KIND: t.KIND_STEP, t.H_ATTEMPT: 2}
+    assert retry.headers == {t.H_KIND: t.KIND_STEP, **retried}
     assert retry.properties.message_id == "t1:0"
     assert retry.properties.expiration == "10"
     assert [s.step for s in rig.steps()] == [0]
@@ -526,6 +537,34 @@ async def test_redis_down_retries_the_step_later(make_rig: MakeRig) -> None:
     assert rig.replies() == []
 
 
+async def test_a_step_whose_redis_failed_after_its_save_publishes_its_next_step_when_retried(
+    make_rig: MakeRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step was saved, then Redis failed before its next step was published: the retry
+    comes back through the delay queue as taken before, and publishes the next step."""
+    rig = make_rig(calls_lookup())
+    await rig.deliver(start(request("t1")))
+    kick = rig.last_step()
+
+    def redis_fails_after_the_save(point: str) -> None:
+        if point == "step_saved":
+            raise RedisConnectionError("Connection reset by peer")
+
+    monkeypatch.setattr(failpoints, "hit", redis_fails_after_the_save)
+    delivery = await rig.deliver(MemoryDelivery.of(kick))
+    monkeypatch.undo()
+
+    assert acked_once(delivery)
+    [retry] = rig.retries()
+    assert retry.headers[t.H_REDONE] is True
+    assert [s.step for s in rig.steps()] == [0]
+    again = await rig.deliver(MemoryDelivery.of(retry))
+
+    assert acked_once(again)
+    assert [s.step for s in rig.steps()] == [0, 1]
+    assert len(rig.tools.calls) == 1  # neither the model nor the tool was asked again
+
+
 async def test_redis_down_while_dead_lettering_a_step_retries_it(make_rig: MakeRig) -> None:
     store = FlakyStore()
     rig = make_rig(store=store)
@@ -622,7 +661,9 @@ async def test_channel_down_after_a_step_was_saved_redoes_only_the_publish(
 
     assert delivery.acks == 0 and delivery.nacks == [True]
     rig.publisher.fail_with = None
-    again = await rig.deliver(MemoryDelivery.of(work))
+    redelivery = MemoryDelivery.of(work)
+    redelivery.redelivered = True  # as the broker marks a message given back to the queue
+    again = await rig.deliver(redelivery)
 
     assert acked_once(again)
     assert [s.step for s in rig.steps()] == [0, 1]

@@ -267,12 +267,25 @@ async def test_redelivered_saved_step_publishes_the_next_step_again(rig: Rig) ->
     await rig.sequencer.on_request(request("t1"))
     assert await rig.sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
 
-    actions = await rig.sequencer.on_step(work("t1", 0))
+    actions = await rig.sequencer.on_step(work("t1", 0), redone=True)
 
     assert actions == [kick("t1", 1)]
     assert len(rig.model.requests) == 1  # neither the model
     assert len(rig.tools.calls) == 1  # nor the tool was asked again
     assert await rig.lease_is_free()
+
+
+async def test_a_copy_of_a_saved_step_that_is_no_redelivery_publishes_nothing(rig: Rig) -> None:
+    """A second message for a step that was done (e.g. two wakes of a parked turn): the one
+    that did the step published the next; this one is dropped, or the copies would multiply."""
+    rig.script(calls_lookup(), answers("Shipped."))
+    await rig.sequencer.on_request(request("t1"))
+    assert await rig.sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
+
+    assert codes(await rig.sequencer.on_step(work("t1", 0))) == ["stale_step"]
+    ended = await rig.sequencer.on_step(work("t1", 1))
+    assert replied(ended).content == "Shipped."
+    assert codes(await rig.sequencer.on_step(work("t1", 1))) == ["stale_step"]
 
 
 async def test_stale_step_is_dropped(rig: Rig) -> None:
@@ -308,7 +321,7 @@ async def test_redelivered_last_step_of_a_finished_turn_repeats_its_effects(rig:
     await rig.sequencer.on_step(work("t1", 0))
     result = rig.store.results["t1"]
 
-    actions = await rig.sequencer.on_step(work("t1", 0))
+    actions = await rig.sequencer.on_step(work("t1", 0), redone=True)
 
     assert actions[:-1] == [Reply(REPLIES, result), kick("t2")]
     assert codes(actions) == ["finished_turn"]
@@ -455,8 +468,8 @@ async def test_cancel_between_steps_ends_the_turn_before_the_next_model_call(rig
     assert result.steps == 1
     assert len(rig.model.requests) == 1
     assert rig.event_types("t1")[-1] == "turn.cancelled"
-    # a redelivered copy of it finds the turn over
-    assert codes(await rig.sequencer.on_step(work("t1", 1))) == ["finished_turn"]
+    # a redelivered copy of it finds the turn over (and says so again)
+    assert codes(await rig.sequencer.on_step(work("t1", 1), redone=True)) == ["finished_turn"]
     assert await rig.lease_is_free()
 
 

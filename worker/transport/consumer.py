@@ -150,7 +150,7 @@ class Consumer:
                     f"delivered {deliveries + 1} times without being done (it may crash workers)",
                     code="poison",
                 )
-            redone = bool(message.redelivered or deliveries or _count(headers, t.H_ATTEMPT))
+            redone = _redone(message, headers)
             return await self._perform(await self._dispatch(message.body, headers, redone))
         except DecodeError as exc:
             return DeadLetter(exc.reason, exc.code)
@@ -237,6 +237,9 @@ class Consumer:
         self, message: AbstractIncomingMessage, headers: dict[str, Any], retry: Retry
     ) -> None:
         attempt = _count(headers, t.H_ATTEMPT, bad=0) + (1 if retry.failed else 0)
+        # work that was taken (not only found busy) comes back as taken before: a step it
+        # saved publishes what followed it again
+        redone = retry.reason != "busy" or _redone(message, headers)
         # One delay for every retry: messages in the delay queue expire in order, so a longer
         # backoff would hold back the short retries queued behind it.
         await self.publisher.publish(
@@ -246,7 +249,7 @@ class Consumer:
             properties=properties(
                 content_type=message.content_type,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={**headers, t.H_ATTEMPT: attempt},
+                headers={**headers, t.H_ATTEMPT: attempt, **({t.H_REDONE: True} if redone else {})},
                 message_id=message.message_id,
                 correlation_id=message.correlation_id,
                 reply_to=message.reply_to,
@@ -358,6 +361,17 @@ def _count(headers: dict[str, Any], name: str, *, bad: int | None = None) -> int
     if bad is not None:
         return bad
     raise DecodeError(f"header {name} is not a count: {str(value)[:64]!r}", code="bad_header")
+
+
+def _redone(message: AbstractIncomingMessage, headers: dict[str, Any]) -> bool:
+    """Whether the message was taken before: redelivered by the broker, or sent again through
+    the delay queue after it was taken (``x-loopwire-redone``, a failed attempt)."""
+    return bool(
+        message.redelivered
+        or _count(headers, "x-delivery-count", bad=0)
+        or _count(headers, t.H_ATTEMPT, bad=0)
+        or headers.get(t.H_REDONE) is True
+    )
 
 
 def _step_work(body: bytes) -> StepWork | None:
