@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import ChildFinished
-from contracts.state import AgentState, StopSignal
+from contracts.state import AgentState, ExecutionState, StopSignal
 from contracts.turns import TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker import failpoints
@@ -223,9 +223,13 @@ class Controls:
         loop = self.loop_factory(session, profile, False)
         content = ex.last_content if ex else None
         finished = await loop.end(_cancelled(state, cancel), profile, "cancelled", content)
+        await self._unlist(ex)
+        return await self._finished(finished, request, session)
+
+    async def _unlist(self, ex: ExecutionState | None) -> None:
+        """A turn ended while parked: its calls off the list of calls waiting for a decision."""
         if ex is not None and ex.wait is not None:
             await self.store.clear_approvals(ex.turn_id, ex.wait.call_ids)
-        return await self._finished(finished, request, session)
 
 
 def _cancelled(state: AgentState, cancel: TurnCancel) -> AgentState:

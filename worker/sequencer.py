@@ -307,6 +307,7 @@ class SessionSequencer(Controls, Erasure):
             loop = self.loop_factory(session, profile, False)
             content = ex.last_content if ex else None
             finished = await loop.end(state, profile, "error", content, error=error)
+            await self._unlist(ex)
             return await self._finished(finished, request, session)
         finally:
             if not session.released:

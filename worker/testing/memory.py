@@ -30,6 +30,7 @@ from worker.session.port import (
     Renewal,
     StepSession,
     list_waiting,
+    listed,
 )
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
@@ -50,9 +51,18 @@ class MemoryParked:
 class MemoryStore:
     """The session store in dicts, with the Redis store's compare-and-set and lease rules."""
 
-    def __init__(self, *, lease_ttl_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        lease_ttl_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ):
         self.lease_ttl_s = lease_ttl_s
         self.clock = clock
+        """The leases' time."""
+        self.wall_clock = wall_clock
+        """The time the waits' ``until`` is in (entries of the approval list expire by it)."""
         self.states: dict[str, AgentState] = {}
         self.histories: dict[str, list[ChatMessage]] = {}
         self.transient: dict[str, list[ChatMessage]] = {}
@@ -163,6 +173,10 @@ class MemoryStore:
             self.waiting_approvals.pop(f"{turn_id}:{call_id}", None)
 
     async def approvals(self) -> list[ApprovalRequest]:
+        now = self.wall_clock()
+        for field, r in list(self.waiting_approvals.items()):
+            if not listed(r, now):
+                del self.waiting_approvals[field]
         return sorted(self.waiting_approvals.values(), key=lambda r: r.since)
 
     async def end_queued(
