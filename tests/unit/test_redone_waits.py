@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from contracts.control import TurnCancel
 from contracts.turns import LimitOverrides
+from contracts.work import StepWork
 from tests.unit.test_sequencer import (
     SESSION,
     Clock,
@@ -28,7 +30,9 @@ from tests.unit.test_sequencer import (
     two_lookups,
     work,
 )
-from worker.actions import Action, Delay, Reply, Step
+from tests.unit.world import calls, world
+from tests.unit.world import request as world_request
+from worker.actions import Action, Control, Delay, Reply, Step
 from worker.agents import AgentProfile, AgentProfiles
 from worker.loop import Loop
 from worker.sequencer import SessionSequencer
@@ -167,6 +171,28 @@ async def test_a_throttled_turn_woken_by_its_slot_repeats_its_end_when_redone() 
     assert replies(again) == replies(ended)
     assert kick("t2") in again
     model.assert_done()
+
+
+async def test_a_parent_woken_at_its_deadline_repeats_its_end_when_redone() -> None:
+    """A parent waits for a child that never answers; its children wait's timeout (the turn's
+    deadline) ends it. Redone, that wake sends the reply again."""
+    clock = Clock()
+    team = {"agents": [{"name": "lead", "agents": ["helper"]}, {"name": "helper"}]}
+    w = world(team, {"lead": lambda r: calls(("helper", "find it"))}, clock=clock)
+    deadline = clock.now + 30
+    await w.sequencer.on_request(world_request("lead", "go", deadline=deadline))
+    parked = await w.sequencer.on_step(StepWork(session_id="S1", turn_id="T1", step=0))
+    [delay] = [a for a in parked if isinstance(a, Delay)]
+    assert delay.work.wait_until == deadline
+    clock.now = deadline
+
+    ended = await w.sequencer.on_step(delay.work)  # the child is never run
+    again = await w.sequencer.on_step(delay.work, redone=True)
+
+    [result] = [r.result for r in replies(ended)]
+    assert (result.finish_reason, result.stopped_by) == ("cancelled", "deadline")
+    assert replies(again) == replies(ended)
+    assert any(isinstance(a, Control) and isinstance(a.message, TurnCancel) for a in ended)
 
 
 async def drive(rig: Rig, actions: list[Action]) -> list[Reply]:

@@ -5,6 +5,7 @@ and the model answers by the agent that asks (its system prompt is ``agent:<name
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -156,9 +157,11 @@ def world(
     store: MemoryStore | None = None,
     announced: frozenset[str] | None = None,
     tracing: Tracing | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> World:
     """``tools``: functions the agents may call, each offered as a tool taking any arguments;
-    ``store``: an earlier world's (its sessions go on)."""
+    ``store``: an earlier world's (its sessions go on); ``clock``: the loops' and the
+    sequencer's time."""
     for agent in profiles.get("agents", []):
         agent.setdefault("system_prompt", f"agent:{agent['name']}")
     loaded = AgentProfiles.model_validate(profiles)
@@ -173,6 +176,7 @@ def world(
         hooks=hooks,
         announced=announced,
         tracing=tracing,
+        clock=clock,
     )
     return World(sequencer, store, model, events)
 
