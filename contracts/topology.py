@@ -62,6 +62,10 @@ into ``loopwire.turns``. No worker blocks while a session is busy."""
 
 H_ATTEMPT: Final = "x-loopwire-attempt"
 """How many times a step failed with an unexpected error (retried until ``max_step_attempts``)."""
+H_REDONE: Final = "x-loopwire-redone"
+"""On work sent to the delay queue after it was taken (a failure, Redis away): the message was
+taken before, as a broker's redelivery says (only then does a step that was done publish what
+followed it again)."""
 
 CONTENT_TYPE: Final = "application/msgpack"
 

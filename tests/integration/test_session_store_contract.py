@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from contracts.control import TurnCancel, TurnDecision
+from contracts import keys
+from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse, PendingStep, Spend
 from contracts.turns import InputMessage, TurnError, TurnRequest
@@ -369,6 +370,39 @@ async def test_a_parked_turn_is_found_by_its_controls_until_it_goes_on(
         request.session_id, request.turn_id, "decision:call_2", decision
     )
     assert (later.status, later.parked) == ("recorded", None)
+
+
+async def test_a_call_waiting_for_approval_is_listed_until_its_wait_ends(
+    store: SessionStore, uid: str, redis: Redis
+) -> None:
+    turn_id, now = f"t-{uid}", time.time()
+    key = keys.approvals_waiting()
+    if isinstance(store, RedisStore):
+        await redis.persist(key)  # as an earlier version left it: no expiry
+
+    def waiting(call_id: str, until: float) -> ApprovalRequest:
+        return ApprovalRequest(
+            turn_id=turn_id,
+            session_id=f"s-{uid}",
+            agent="support",
+            call_id=call_id,
+            tool="refund",
+            arguments="{}",
+            since=now,
+            until=until,
+        )
+
+    async def mine() -> list[str]:
+        return [r.call_id for r in await store.approvals() if r.turn_id == turn_id]
+
+    await store.note_approvals([waiting("c1", now + 60), waiting("c2", now - 1)])
+
+    assert await mine() == ["c1"]  # c2's wait has ended: it is not listed
+    if isinstance(store, RedisStore):
+        assert await redis.ttl(key) > 0, "the list expires"
+        assert not await redis.hexists(key, f"{turn_id}:c2"), "an ended wait's entry is gone"
+    await store.clear_approvals(turn_id, ["c1"])
+    assert await mine() == []
 
 
 async def test_an_agents_spend_is_summed_per_day(store: SessionStore, uid: str) -> None:

@@ -300,10 +300,11 @@ async def test_redelivered_last_step_repeats_the_reply_and_event(
     async with start_worker(tmp_path, scripted_model, [lookup.name]):
         handle = await client.start_turn("support", "hi")
         first = await handle.result(30)
-        # the last step's message again, as after a crash between the final save and the ack
+        # the last step's message again, taken before, as after a failure between the final
+        # save and the ack (a copy that was never taken would repeat nothing)
         last = StepWork(session_id=first.session_id, turn_id=first.turn_id, step=first.steps - 1)
         await client.channel.default_exchange.publish(
-            aio_pika.Message(encode(last), headers={t.H_KIND: t.KIND_STEP}),
+            aio_pika.Message(encode(last), headers={t.H_KIND: t.KIND_STEP, t.H_REDONE: True}),
             routing_key=t.TURNS_QUEUE,
         )
         again = await asyncio.wait_for(_next_result(handle), 15)

@@ -31,6 +31,7 @@ from contracts.tools import ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnParent, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker.profiles.agents import AgentProfile, AgentProfiles
+from worker.runtime import failpoints
 from worker.runtime.metrics import WorkerMetrics
 from worker.testing.broker import MemoryDelivery, MemoryPublisher, Published, ScriptedAnswers
 from worker.testing.memory import (
@@ -290,19 +291,29 @@ async def test_a_turn_id_another_session_accepted_is_refused_and_that_turn_runs_
 # -- steps ----------------------------------------------------------------------------------
 
 
-async def test_busy_session_is_retried_with_the_same_attempt(make_rig: MakeRig) -> None:
+@pytest.mark.parametrize(
+    ("headers", "retried"),
+    [
+        ({t.H_ATTEMPT: 2}, {t.H_ATTEMPT: 2, t.H_REDONE: True}),
+        ({}, {t.H_ATTEMPT: 0}),  # found busy, never taken: it comes back as fresh as it was
+    ],
+    ids=["failed-before", "fresh"],
+)
+async def test_busy_session_is_retried_with_the_same_attempt(
+    make_rig: MakeRig, headers: dict[str, Any], retried: dict[str, Any]
+) -> None:
     rig = make_rig()
     await rig.deliver(start(request("t1")))
     other = await rig.store.take(SESSION)  # another worker holds the session's lease
     assert other is not None
 
-    delivery = await rig.deliver(MemoryDelivery.of(rig.last_step(), {t.H_ATTEMPT: 2}))
+    delivery = await rig.deliver(MemoryDelivery.of(rig.last_step(), headers))
 
     assert acked_once(delivery)
     [retry] = rig.retries()
     assert retry.body == delivery.body
     assert retry.mandatory is True
-    assert retry.headers == {t.H_KIND: t.KIND_STEP, t.H_ATTEMPT: 2}
+    assert retry.headers == {t.H_KIND: t.KIND_STEP, **retried}
     assert retry.properties.message_id == "t1:0"
     assert retry.properties.expiration == "10"
     assert [s.step for s in rig.steps()] == [0]
@@ -477,7 +488,9 @@ async def test_malformed_request_is_dead_lettered(
         assert rig.events.events == []
 
 
-async def test_unknown_message_kind_is_dead_lettered(make_rig: MakeRig) -> None:
+async def test_unknown_message_kind_is_dead_lettered_and_rejects_no_turn(
+    make_rig: MakeRig,
+) -> None:
     rig = make_rig()
 
     delivery = await rig.deliver(start(request("t1"), {t.H_KIND: "turn.pause"}))
@@ -486,9 +499,37 @@ async def test_unknown_message_kind_is_dead_lettered(make_rig: MakeRig) -> None:
     letter = only_dead_letter(rig)
     assert letter.headers[t.H_REASON_CODE] == "unknown_kind"
     assert "turn.pause" in letter.headers[t.H_REASON]
-    assert rig.event_types("t1") == ["turn.rejected"]
+    assert rig.event_types() == []
     assert rig.store.turns == {}
     assert rig.publisher.published == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        ("turn.pause", {"turn_id": "t1", "session_id": SESSION, "agent": "support"}),
+        (t.KIND_STEP, {"turn_id": "t1", "session_id": SESSION, "step": -1}),
+    ],
+    ids=["unknown-kind", "bad-step"],
+)
+async def test_a_message_naming_a_live_turn_that_is_not_its_request_rejects_it_not(
+    make_rig: MakeRig, kind: str, body: dict[str, Any]
+) -> None:
+    """A publisher newer than this worker (``turn.pause``), or a bad step message, names a
+    running turn: the message is dead-lettered with its reason, and the turn goes on with no
+    ``turn.rejected`` (which its client would take for the turn's end)."""
+    rig = make_rig(answers("Order 42 shipped."))
+    await rig.deliver(start(request("t1")))
+    kick = rig.last_step()
+
+    delivery = await rig.deliver(MemoryDelivery(encode_obj(body), headers={t.H_KIND: kind}))
+
+    assert acked_once(delivery)
+    assert only_dead_letter(rig).headers[t.H_REASON_CODE] in ("unknown_kind", "schema")
+    assert rig.event_types("t1") == ["turn.accepted"]
+    await rig.deliver(MemoryDelivery.of(kick))
+    assert [r.content for r in rig.replies()] == ["Order 42 shipped."]
+    assert rig.event_types("t1")[-1] == "turn.completed"
 
 
 async def test_unknown_agent_is_dead_lettered(make_rig: MakeRig) -> None:
@@ -546,6 +587,34 @@ async def test_redis_down_retries_the_step_later(make_rig: MakeRig) -> None:
     assert rig.counted("loopwire_work_retried", "transient") == 1
     assert rig.dead_letters.published == []
     assert rig.replies() == []
+
+
+async def test_a_step_whose_redis_failed_after_its_save_publishes_its_next_step_when_retried(
+    make_rig: MakeRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step was saved, then Redis failed before its next step was published: the retry
+    comes back through the delay queue as taken before, and publishes the next step."""
+    rig = make_rig(calls_lookup())
+    await rig.deliver(start(request("t1")))
+    kick = rig.last_step()
+
+    def redis_fails_after_the_save(point: str) -> None:
+        if point == "step_saved":
+            raise RedisConnectionError("Connection reset by peer")
+
+    monkeypatch.setattr(failpoints, "hit", redis_fails_after_the_save)
+    delivery = await rig.deliver(MemoryDelivery.of(kick))
+    monkeypatch.undo()
+
+    assert acked_once(delivery)
+    [retry] = rig.retries()
+    assert retry.headers[t.H_REDONE] is True
+    assert [s.step for s in rig.steps()] == [0]
+    again = await rig.deliver(MemoryDelivery.of(retry))
+
+    assert acked_once(again)
+    assert [s.step for s in rig.steps()] == [0, 1]
+    assert len(rig.tools.calls) == 1  # neither the model nor the tool was asked again
 
 
 async def test_redis_down_while_dead_lettering_a_step_retries_it(make_rig: MakeRig) -> None:
@@ -644,7 +713,9 @@ async def test_channel_down_after_a_step_was_saved_redoes_only_the_publish(
 
     assert delivery.acks == 0 and delivery.nacks == [True]
     rig.publisher.fail_with = None
-    again = await rig.deliver(MemoryDelivery.of(work))
+    redelivery = MemoryDelivery.of(work)
+    redelivery.redelivered = True  # as the broker marks a message given back to the queue
+    again = await rig.deliver(redelivery)
 
     assert acked_once(again)
     assert [s.step for s in rig.steps()] == [0, 1]

@@ -102,7 +102,17 @@ class Rig:
         return True
 
 
-def make_rig(agent: AgentProfile | str = "support") -> Rig:
+class Clock:
+    """The time of a rig's loops and sequencer, moved on by the test."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_rig(agent: AgentProfile | str = "support", clock: Clock | None = None) -> Rig:
     store = MemoryStore()
     model = ScriptedAnswers()
     tools = FunctionTools({"lookup": lookup})
@@ -119,6 +129,7 @@ def make_rig(agent: AgentProfile | str = "support") -> Rig:
         hooks=hook,
         observer=observer,
         agents=[agent],
+        clock=clock or time.time,
     )
     return Rig(store, model, tools, events, hook, observer, sequencer)
 
@@ -256,12 +267,25 @@ async def test_redelivered_saved_step_publishes_the_next_step_again(rig: Rig) ->
     await rig.sequencer.on_request(request("t1"))
     assert await rig.sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
 
-    actions = await rig.sequencer.on_step(work("t1", 0))
+    actions = await rig.sequencer.on_step(work("t1", 0), redone=True)
 
     assert actions == [kick("t1", 1)]
     assert len(rig.model.requests) == 1  # neither the model
     assert len(rig.tools.calls) == 1  # nor the tool was asked again
     assert await rig.lease_is_free()
+
+
+async def test_a_copy_of_a_saved_step_that_is_no_redelivery_publishes_nothing(rig: Rig) -> None:
+    """A second message for a step that was done (e.g. two wakes of a parked turn): the one
+    that did the step published the next; this one is dropped, or the copies would multiply."""
+    rig.script(calls_lookup(), answers("Shipped."))
+    await rig.sequencer.on_request(request("t1"))
+    assert await rig.sequencer.on_step(work("t1", 0)) == [kick("t1", 1)]
+
+    assert codes(await rig.sequencer.on_step(work("t1", 0))) == ["stale_step"]
+    ended = await rig.sequencer.on_step(work("t1", 1))
+    assert replied(ended).content == "Shipped."
+    assert codes(await rig.sequencer.on_step(work("t1", 1))) == ["stale_step"]
 
 
 async def test_stale_step_is_dropped(rig: Rig) -> None:
@@ -297,7 +321,7 @@ async def test_redelivered_last_step_of_a_finished_turn_repeats_its_effects(rig:
     await rig.sequencer.on_step(work("t1", 0))
     result = rig.store.results[SESSION, "t1"]
 
-    actions = await rig.sequencer.on_step(work("t1", 0))
+    actions = await rig.sequencer.on_step(work("t1", 0), redone=True)
 
     assert actions[:-1] == [Reply(REPLIES, result), kick("t2")]
     assert codes(actions) == ["finished_turn"]
@@ -444,8 +468,8 @@ async def test_cancel_between_steps_ends_the_turn_before_the_next_model_call(rig
     assert result.steps == 1
     assert len(rig.model.requests) == 1
     assert rig.event_types("t1")[-1] == "turn.cancelled"
-    # a redelivered copy of it finds the turn over
-    assert codes(await rig.sequencer.on_step(work("t1", 1))) == ["finished_turn"]
+    # a redelivered copy of it finds the turn over (and says so again)
+    assert codes(await rig.sequencer.on_step(work("t1", 1), redone=True)) == ["finished_turn"]
     assert await rig.lease_is_free()
 
 
@@ -566,9 +590,9 @@ async def test_a_cancel_recorded_while_the_model_thinks_stops_the_tools_it_then_
 # -- approval ---------------------------------------------------------------------------------
 
 
-def approving_rig(timeout_s: float = 3600.0) -> Rig:
+def approving_rig(timeout_s: float = 3600.0, clock: Clock | None = None) -> Rig:
     return make_rig(
-        AgentProfile(name="support", approval=("lookup",), approval_timeout_s=timeout_s)
+        AgentProfile(name="support", approval=("lookup",), approval_timeout_s=timeout_s), clock
     )
 
 
@@ -686,21 +710,52 @@ async def test_calls_of_one_step_wait_together_and_are_decided_one_by_one() -> N
     assert "rejected by maria: no" in tool_answers(rig)[0]
 
 
-async def test_an_undecided_call_is_rejected_when_the_wait_times_out() -> None:
-    rig = approving_rig(timeout_s=1.5)  # due from 0.5 s on (WAIT_EARLY_S)
+async def test_an_undecided_call_is_rejected_when_the_wait_times_out_and_never_before() -> None:
+    clock = Clock()
+    rig = approving_rig(timeout_s=3.0, clock=clock)
     [delay] = await parked_turn(rig)
-    assert isinstance(delay, Delay)
+    assert isinstance(delay, Delay) and delay.work.wait_until == clock.now + 3.0
     rig.script(answers("Nobody answered."))
 
-    assert await rig.sequencer.on_step(delay.work) == [Delay(delay.work)]  # back early: on
-    await asyncio.sleep(0.6)
+    # back early (the wait queues' delays are whole seconds): it waits the rest
+    clock.now += 2.0
+    assert await rig.sequencer.on_step(delay.work) == [Delay(delay.work)]
+    clock.now = delay.work.wait_until - 0.01
+    assert await rig.sequencer.on_step(delay.work) == [Delay(delay.work)]
+    assert rig.store.states[SESSION].execution.status == "waiting"  # type: ignore[union-attr]
+    clock.now = delay.work.wait_until
     assert await rig.sequencer.on_step(delay.work) == [kick("t1", 1)]
     await rig.sequencer.on_step(work("t1", 1))
 
     assert rig.tools.calls == []
-    assert "rejected by timeout: no decision within" in tool_answers(rig)[0]
+    assert "rejected by timeout: no decision within 3s" in tool_answers(rig)[0]
     # a copy of the timeout message, later, finds the turn over
     assert codes(await rig.sequencer.on_step(delay.work)) == ["stale_step"]
+
+
+async def test_an_approval_waits_no_longer_than_the_turns_deadline() -> None:
+    """The deadline comes before the approval timeout: the park waits until the deadline,
+    and the turn then ends as at any deadline, not as an approval timeout."""
+    clock = Clock()
+    rig = approving_rig(clock=clock)  # approval_timeout_s 3600
+    rig.script(calls_lookup("Let me look."))
+    deadline = clock.now + 5.0
+    await rig.sequencer.on_request(request("t1").model_copy(update={"deadline": deadline}))
+
+    [delay] = await rig.sequencer.on_step(work("t1", 0))
+    assert isinstance(delay, Delay) and delay.work.wait_until == deadline
+    [requested] = [e for e in rig.events.events if e.type == "approval.requested"]
+    assert requested.data.until == deadline  # type: ignore[union-attr]
+    clock.now = deadline
+    result = replied(await rig.sequencer.on_step(delay.work))
+
+    assert (result.finish_reason, result.stopped_by) == ("cancelled", "deadline")
+    assert rig.tools.calls == []
+    assert "approval.decided" not in rig.event_types("t1")
+    assert rig.event_types("t1")[-1] == "turn.cancelled"
+    tool = rig.store.histories[SESSION][-1]
+    assert tool.role == "tool" and "not run: the turn ended (cancelled)" in (tool.content or "")
+    assert await rig.store.approvals() == []
 
 
 async def test_a_decision_recorded_while_the_step_parks_wakes_it_at_once() -> None:

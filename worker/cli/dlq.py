@@ -36,6 +36,7 @@ _DEAD_HEADERS = (
     H_DEAD_ID,
     t.H_REJECTED_AT,
     t.H_ATTEMPT,
+    t.H_REDONE,
     "x-death",
     "x-first-death-exchange",
     "x-first-death-queue",

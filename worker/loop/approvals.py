@@ -43,8 +43,13 @@ def undecided(
 def parked(
     state: AgentState, call_ids: tuple[str, ...], now: float, timeout_s: float
 ) -> AgentState:
-    """The turn waiting for decisions on ``call_ids``, until ``now + timeout_s``."""
-    wait = Wait(kind="approval", call_ids=call_ids, since=now, until=now + timeout_s)
+    """The turn waiting for decisions on ``call_ids``, until ``now + timeout_s`` or the turn's
+    deadline, whichever comes first (at the deadline the turn ends as at any deadline)."""
+    until = now + timeout_s
+    deadline = turn_of(state).request.deadline
+    if deadline is not None:
+        until = min(until, deadline)
+    wait = Wait(kind="approval", call_ids=call_ids, since=now, until=until)
     return with_execution(state, status="waiting", wait=wait)
 
 

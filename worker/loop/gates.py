@@ -76,7 +76,7 @@ class Gates:
             if ex.stop_signal is not None:
                 return await self.end(state, agent, "stop", ex.last_content)
         deadline = ex.request.deadline
-        if deadline is not None and self.clock() > deadline:
+        if deadline is not None and self.clock() >= deadline:
             late = with_execution(state, stop_signal=StopSignal(source="deadline"))
             return await self.end(late, agent, "cancelled", ex.last_content)
         return state
@@ -154,8 +154,10 @@ class Gates:
         return Waiting(state, ex.wait.until)
 
     async def _resume(self, state: AgentState) -> AgentState:
-        """Every call the turn waited on is decided: it goes on (saved as running again), with
-        ``approval.decided`` for each decision."""
+        """Every call the turn waited on is decided: off the list of calls waiting for a
+        decision (first: once the turn is saved going on, no step sees its wait again), then it
+        goes on (saved as running again), with ``approval.decided`` for each decision."""
+        await self.store.list_waiting(state)
         ex = turn_of(state)
         assert ex.pending is not None
         pending = ex.pending.model_copy(update={"dispatched_at": self.clock()})

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import ChildFinished
-from contracts.state import AgentState, ChildTurn, StopSignal
+from contracts.state import AgentState, ChildTurn, ExecutionState, StopSignal
 from contracts.turns import TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker.loop import EventSink, Finished, Loop, Waiting, new_execution
@@ -41,10 +41,6 @@ from worker.sequencing.actions import (
 from worker.session.port import SessionStore, StepSession
 
 log = logging.getLogger("loopwire.sequencer")
-
-WAIT_EARLY_S = 1.0
-"""An approval's timeout message back this little before its time counts as due (the
-workers' clocks differ a little; the wait queues' delays are whole seconds)."""
 
 
 class Controls:
@@ -194,11 +190,14 @@ class Controls:
             if work.wait_until != wait.until:
                 return [Drop(f"stale timeout of {work.turn_id}#{work.step}", "stale_step")]
             now = self.clock()
-            # a throttled turn waits its whole wait (a Retry-After is a floor)
-            early = WAIT_EARLY_S if wait.kind == "approval" else 0.0
-            if now < work.wait_until - early:  # one hop of several: on to the next
+            # a wait never ends before its time (a Retry-After is a floor, an approval's
+            # ``until`` was announced): back early, it waits the rest
+            if now < work.wait_until:  # one hop of several: on to the next
                 return [Delay(work)]
-            return timed_out(woken, now) if wait.kind == "approval" else woken
+            deadline = ex.request.deadline
+            if wait.kind != "approval" or (deadline is not None and now >= deadline):
+                return woken  # the loop ends a turn past its deadline, as at any deadline
+            return timed_out(woken, now)
         return woken
 
     async def _merge_children(
@@ -284,9 +283,13 @@ class Controls:
         loop = self.loop_factory(session, profile, False)
         content = ex.last_content if ex else None
         finished = await loop.end(_cancelled(state, cancel), profile, "cancelled", content)
+        await self._unlist(ex)
+        return await self._finished(finished, request, session)
+
+    async def _unlist(self, ex: ExecutionState | None) -> None:
+        """A turn ended while parked: its calls off the list of calls waiting for a decision."""
         if ex is not None and ex.wait is not None:
             await self.store.clear_approvals(ex.turn_id, ex.wait.call_ids)
-        return await self._finished(finished, request, session)
 
 
 def _cancelled(state: AgentState, cancel: TurnCancel) -> AgentState:

@@ -148,7 +148,9 @@ class SessionSequencer(Controls, Erasure):
 
     async def on_step(self, work: StepWork, *, redone: bool = False) -> list[Action]:
         """Run one step of ``work``'s turn; ``redone``: its message was taken before (a
-        streamed answer's first delta says ``restarted``)."""
+        streamed answer's first delta says ``restarted``). Only a redone message of a step
+        that was done publishes what followed it again (the next step; a finished turn's
+        reply, end and next turn): it may not have gone out."""
         first = work.step == 0 and work.wait_until is None
         session = await self.store.take(work.session_id, work.turn_id, first=first)
         if session is None:
@@ -237,7 +239,7 @@ class SessionSequencer(Controls, Erasure):
         if ex is None:
             head = await self._head(work, opening)
             if head != work.turn_id or work.step != 0:
-                return await self._already_done(work, head)
+                return await self._already_done(work, head, redone)
             request = (
                 opening.request
                 if opening
@@ -251,14 +253,16 @@ class SessionSequencer(Controls, Erasure):
                 state = self.tracing.begin(state)
         elif ex.turn_id != work.turn_id or work.step != len(ex.steps):
             if (
-                ex.turn_id == work.turn_id
+                redone
+                and ex.turn_id == work.turn_id
                 and ex.pending is None
                 and work.step == len(ex.steps) - 1
-                and work.wait_until is None
             ):
-                # This step was saved, but the worker may have died before publishing the next
-                # one: publish it again (a duplicate of it is dropped as stale).
-                return [Step(work.model_copy(update={"step": work.step + 1}))]
+                # This step was saved, but the worker may have died (or failed) before
+                # publishing the next one: publish it again (a duplicate of it is dropped as
+                # stale). A copy that is no redelivery (a second wake, a late timeout) found
+                # the step done by the one that did it, which published what follows.
+                return [Step(work.model_copy(update={"step": work.step + 1, "wait_until": None}))]
             return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
         else:
             assert state is not None  # it has a turn attached
@@ -303,7 +307,7 @@ class SessionSequencer(Controls, Erasure):
             if request is None:
                 # ended already (this very call, before a failure sent the message back):
                 # what follows the end goes out again, or nothing was ever accepted
-                return await self._already_done(work, await self.store.head(work.session_id))
+                return await self._already_done(work, await self.store.head(work.session_id), True)
             # the agent may be gone from the profiles (that may be why the step fails)
             profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
             if state is None or ex is None:
@@ -314,6 +318,7 @@ class SessionSequencer(Controls, Erasure):
             loop = self.loop_factory(session, profile, False)
             content = ex.last_content if ex else None
             finished = await loop.end(state, profile, "error", content, error=error)
+            await self._unlist(ex)
             return await self._finished(finished, request, session)
         finally:
             if not session.released:
@@ -336,11 +341,11 @@ class SessionSequencer(Controls, Erasure):
             actions.append(first_step(request.session_id, session.next_turn))
         return actions
 
-    async def _already_done(self, work: StepWork, head: str | None) -> list[Action]:
+    async def _already_done(self, work: StepWork, head: str | None, redone: bool) -> list[Action]:
         """A step message for a turn that is not running: a duplicate, or the redelivered last
         step of a finished turn whose effects (reply, event, next kick) may not have gone out."""
         result = await self.store.result(work.session_id, work.turn_id)
-        if result is None or work.step < max(result.steps - 1, 0) or work.wait_until is not None:
+        if result is None or work.step < max(result.steps - 1, 0) or not redone:
             return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
         replies = await self.store.reply_to(work.session_id, work.turn_id)
         await self._emit_finished(result)

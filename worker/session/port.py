@@ -135,13 +135,14 @@ class SessionStore(Protocol):
         ...
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
-        """List calls as waiting for a decision (``loopwire approvals``)."""
+        """List calls as waiting for a decision (``loopwire approvals``), each until its wait's
+        ``until`` (``listed``): an entry never outlives its wait."""
         ...
 
     async def clear_approvals(self, turn_id: str, call_ids: Sequence[str]) -> None: ...
 
     async def approvals(self) -> list[ApprovalRequest]:
-        """Every call waiting for a decision."""
+        """Every call waiting for a decision (the entries past their ``until`` are dropped)."""
         ...
 
     async def end_queued(
@@ -167,6 +168,12 @@ class SessionStore(Protocol):
         """Every reply queue the turn's copies named (kept after the turn finished): a copy
         published while the turn runs gets the result too."""
         ...
+
+
+def listed(request: ApprovalRequest, now: float) -> bool:
+    """Whether an entry of the list of calls waiting for a decision still counts: its wait has
+    not timed out (an entry of an earlier version, without ``until``, counts)."""
+    return request.until is None or request.until > now
 
 
 async def list_waiting(store: SessionStore, state: AgentState) -> None:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -76,6 +77,7 @@ from worker.session.port import (
     Recorded,
     Renewal,
     StepSession,
+    listed,
 )
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
@@ -228,11 +230,21 @@ class RedisStore:
                 await pipe.execute()
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
+        """The entries are listed until their ``until`` (read past it, an entry is dropped);
+        the hash expires with the latest of them (a later wait extends it, never shortens it)."""
         if requests:
+            key = keys.approvals_waiting()
             fields: dict[str | bytes, str | bytes] = {
                 f"{r.turn_id}:{r.call_id}": r.model_dump_json() for r in requests
             }
-            await self.redis.hset(keys.approvals_waiting(), mapping=fields)  # type: ignore[arg-type]
+            until = max((r.until for r in requests if r.until is not None), default=None)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+                if until is not None:
+                    at = math.ceil(until)
+                    pipe.expireat(key, at, nx=True)  # a hash without expiry gets one
+                    pipe.expireat(key, at, gt=True)
+                await pipe.execute()
 
     async def clear_approvals(self, turn_id: str, call_ids: Sequence[str]) -> None:
         if call_ids:
@@ -240,8 +252,15 @@ class RedisStore:
             await self.redis.hdel(keys.approvals_waiting(), *fields)
 
     async def approvals(self) -> list[ApprovalRequest]:
-        values = await self.redis.hvals(keys.approvals_waiting())
-        found = [ApprovalRequest.model_validate_json(v) for v in values]
+        key, now = keys.approvals_waiting(), self.clock()
+        entries = {
+            field: ApprovalRequest.model_validate_json(value)
+            for field, value in (await self.redis.hgetall(key)).items()
+        }
+        timed_out = [field for field, r in entries.items() if not listed(r, now)]
+        if timed_out:
+            await self.redis.hdel(key, *timed_out)
+        found = [r for r in entries.values() if listed(r, now)]
         return sorted(found, key=lambda r: r.since)
 
     async def end_queued(

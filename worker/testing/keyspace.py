@@ -32,6 +32,13 @@ class Keyspace:
         if key in self._drops:
             self.expires[key] = self.clock() + ttl_s
 
+    def extend(self, key: str, ttl_s: float) -> None:
+        """``EXPIRE key ttl_s NX`` then ``GT``: a key without expiry gets one, a sooner one is
+        put off, a later one stays."""
+        if key in self._drops:
+            at, now = self.expires.get(key), self.clock() + ttl_s
+            self.expires[key] = now if at is None else max(at, now)
+
     def deleted(self, key: str) -> None:
         """``key`` is gone (deleted, or emptied: Redis drops an empty hash or list)."""
         self.expires.pop(key, None)

@@ -15,6 +15,7 @@ The in-process doubles of the loop's ports (``StaticCatalog``, ``FunctionTools``
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ from worker.session.port import (
     Renewal,
     StepSession,
     list_waiting,
+    listed,
 )
 from worker.testing.doubles import FunctionTools, ListSink, StaticCatalog, ToolFunction
 from worker.testing.keyspace import Keyspace
@@ -67,7 +69,7 @@ class MemoryParked:
 class MemoryStore:
     """The session store in dicts, with the Redis store's compare-and-set, lease and expiry
     rules. ``clock`` drives the leases and the keys' expiry (``keys``: every live entry by its
-    Redis key's name)."""
+    Redis key's name); ``wall_clock`` is the time a wait's ``until`` is in."""
 
     def __init__(
         self,
@@ -75,11 +77,15 @@ class MemoryStore:
         lease_ttl_s: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
         ttl_s: float = DEFAULT_TTL_S,
+        wall_clock: Callable[[], float] = time.time,
     ):
         self.lease_ttl_s = lease_ttl_s
         self.ttl_s = ttl_s
         self.clock = clock
         self.keys = Keyspace(clock)
+        """The leases' time."""
+        self.wall_clock = wall_clock
+        """The time the waits' ``until`` is in (entries of the approval list expire by it)."""
         self.states: dict[str, AgentState] = {}
         self.histories: dict[str, list[ChatMessage]] = {}
         self.transient: dict[tuple[str, str], list[ChatMessage]] = {}
@@ -116,6 +122,7 @@ class MemoryStore:
             if result:
                 return Accepted("done", result=result)
             self._add_reply(s, t, request.reply_to)
+            self._keep(self.ttl_s, self._kept(s))
             return Accepted("pending", accepted_at=self.accepted_at.get((s, t)))
         turns[t] = "queued"
         now = self.accepted_at[s, t] = time.time()
@@ -126,6 +133,7 @@ class MemoryStore:
         self._expire(keys.session_turns(s), self._pop(self.turns, s))
         self._expire(keys.session_requests(s), self._pop(self.requests, s))
         self._expire(keys.session_queue(s), self._pop(self.queues, s))
+        self._keep(self.ttl_s, self._kept(s))
         if len(queue) == 1:
             return Accepted("start", accepted_at=now)
         return Accepted("queued", ahead=len(queue) - 1, accepted_at=now)
@@ -148,6 +156,7 @@ class MemoryStore:
         token = self.fences.get(session_id, 0) + 1
         self.fences[session_id] = token
         self._expire(keys.session_fence(session_id), self._pop(self.fences, session_id))
+        self._keep(self.ttl_s, self._kept(session_id, turn_id)[:-1])  # not the turn's list
         self.leases[session_id] = (token, self.clock() + self.lease_ttl_s)
         session = MemorySession(self, session_id, token, self.states.get(session_id))
         session.turn_id = turn_id
@@ -171,6 +180,7 @@ class MemoryStore:
         if not self._holds(session):
             return "lost"
         self.leases[session.session_id] = (session.token, self.clock() + self.lease_ttl_s)
+        self._keep(self.ttl_s, self._kept(session.session_id, session.turn_id))
         controls = self.controls.get((session.session_id, session.turn_id), {})
         return "cancelled" if "cancel" in controls else "held"
 
@@ -196,6 +206,7 @@ class MemoryStore:
             return Recorded("again", at)
         controls[field] = control
         self._expire_controls(key)
+        self._keep(self.ttl_s, [keys.session_turns(session_id)])
         return Recorded("recorded", at)
 
     async def spent_today(self, agent: str) -> Spend:
@@ -209,7 +220,11 @@ class MemoryStore:
         for r in requests:
             self.waiting_approvals[f"{r.turn_id}:{r.call_id}"] = r
         if self.waiting_approvals:
-            self.keys.written(keys.approvals_waiting(), self.waiting_approvals.clear)
+            key = keys.approvals_waiting()
+            self.keys.written(key, self.waiting_approvals.clear)
+            until = max((r.until for r in requests if r.until is not None), default=None)
+            if until is not None:  # the hash expires with its latest wait (EXPIREAT NX, GT)
+                self.keys.extend(key, until - self.wall_clock())
 
     async def clear_approvals(self, turn_id: str, call_ids: Sequence[str]) -> None:
         self.keys.sweep()
@@ -220,6 +235,10 @@ class MemoryStore:
 
     async def approvals(self) -> list[ApprovalRequest]:
         self.keys.sweep()
+        now = self.wall_clock()
+        for field, r in list(self.waiting_approvals.items()):
+            if not listed(r, now):
+                del self.waiting_approvals[field]
         return sorted(self.waiting_approvals.values(), key=lambda r: r.since)
 
     async def end_queued(
@@ -317,9 +336,21 @@ class MemoryStore:
         if append:
             self._append(sid, ex.turn_id if ex and not ex.request.persist else None, append)
         head = None
+        turn_id = ex.turn_id if ex is not None else ""
         if result is not None:
             head = self._end(sid, result)
+            self._index_lives(result.turn_id, self.ttl_s)
+        else:
+            lifetime = self._lifetime(state)
+            self._keep(lifetime, self._kept(sid, turn_id))
+            if lifetime > self.ttl_s:
+                self._index_lives(turn_id, lifetime)
         return saved, head
+
+    def _index_lives(self, turn_id: str, lifetime: float) -> None:
+        """``EXPIRE`` of the turn's session index, beside a save that ends or parks the turn."""
+        if turn_id:
+            self.keys.expire(keys.turn_session(turn_id), lifetime)
 
     def _append(self, sid: str, transient: str | None, append: Sequence[ChatMessage]) -> None:
         """The messages on the session's history, or on a ``persist: false`` turn's list."""
@@ -346,13 +377,7 @@ class MemoryStore:
         if self.transient.pop((sid, t), None) is not None:
             self.keys.deleted(keys.turn_transient(sid, t))
         self._drop_controls((sid, t))
-        for key in (
-            keys.session_state(sid),
-            keys.session_history(sid),
-            keys.session_turns(sid),
-            keys.session_requests(sid),
-            keys.session_replies(sid),
-        ):
+        for key in self._kept(sid):
             self.keys.expire(key, self.ttl_s)
         return queue[0] if queue else None
 
@@ -369,8 +394,39 @@ class MemoryStore:
         self.keys.deleted(keys.turn_controls(*key))
 
     def _expire(self, key: str, drop: Callable[[], None]) -> None:
+        """``key`` written, and kept alive at least ``ttl_s`` more."""
         self.keys.written(key, drop)
-        self.keys.expire(key, self.ttl_s)
+        self.keys.extend(key, self.ttl_s)
+
+    def _kept(self, sid: str, turn_id: str = "") -> list[str]:
+        """The session's keys that every script naming the session keeps alive (and a turn's
+        controls and ``persist: false`` list)."""
+        names = [
+            keys.session_state(sid),
+            keys.session_history(sid),
+            keys.session_fence(sid),
+            keys.session_queue(sid),
+            keys.session_turns(sid),
+            keys.session_requests(sid),
+            keys.session_replies(sid),
+        ]
+        if turn_id:
+            names += [keys.turn_controls(sid, turn_id), keys.turn_transient(sid, turn_id)]
+        return names
+
+    def _keep(self, lifetime: float, names: Sequence[str]) -> None:
+        """Each of ``names`` that exists lives at least ``lifetime`` more (the scripts' keep)."""
+        for name in names:
+            self.keys.extend(name, lifetime)
+
+    def _lifetime(self, state: AgentState) -> float:
+        """How long a save of ``state`` keeps the session's keys: ``ttl_s``, and a parked
+        turn's ``ttl_s`` past the end of its wait."""
+        ex = state.execution
+        wait = ex.wait if ex is not None and ex.status == "waiting" else None
+        if wait is None or wait.until is None:
+            return self.ttl_s
+        return self.ttl_s + max(0.0, math.ceil(wait.until - self.wall_clock()))
 
     def _emptied(self, key: str, table: dict[str, Any], sid: str) -> None:
         """Redis drops an emptied list or hash, with its expiry."""
@@ -466,6 +522,7 @@ class MemorySession:
                 controls["parked"] = self.parked = index
                 self.controls_waiting = len(controls) > 1
             self.store._expire_controls(key)
+            self.store._keep(self.store._lifetime(state), [keys.turn_controls(*key)])
         elif self.parked is not None:
             self.parked = None
             if controls is not None:  # what woke it is in its state now; a cancel stays

@@ -4,8 +4,9 @@ where due.
 
 - Bad input (undecodable, oversize, wrong schema, hostile ids, unknown agent) is
   published to the dead-letter exchange with ``x-loopwire-reason`` and
-  ``x-loopwire-reason-code`` headers on its first delivery, announced as
-  ``turn.rejected`` when its turn id can be read, and acked.
+  ``x-loopwire-reason-code`` headers on its first delivery, and acked. A rejected turn
+  request is announced as ``turn.rejected`` when its turn id can be read; any other message
+  (a step, a control message, a kind this worker does not know) rejects no turn.
 - Transient failures (Redis down, a Redis Cluster slot without a master during a
   failover, a lost lease race) send the message to the
   delay queue and ack it: the work is never lost and no worker blocks.
@@ -62,7 +63,6 @@ from worker.transport.senders import Senders
 
 log = logging.getLogger("loopwire.consumer")
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
-_CONTROL_KINDS = (t.KIND_CANCEL, t.KIND_DECISION, t.KIND_CHILD_RESULT, t.KIND_SESSION_DELETE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +157,7 @@ class Consumer:
                     f"delivered {deliveries + 1} times without being done (it may crash workers)",
                     code="poison",
                 )
-            redone = bool(message.redelivered or deliveries or _count(headers, t.H_ATTEMPT))
+            redone = _redone(message, headers)
             actions = await self._dispatch(message.body, headers, redone, message.user_id)
             return await self._perform(actions)
         except DecodeError as exc:
@@ -248,6 +248,9 @@ class Consumer:
         self, message: AbstractIncomingMessage, headers: dict[str, Any], retry: Retry
     ) -> None:
         attempt = _count(headers, t.H_ATTEMPT, bad=0) + (1 if retry.failed else 0)
+        # work that was taken (not only found busy) comes back as taken before: a step it
+        # saved publishes what followed it again
+        redone = retry.reason != "busy" or _redone(message, headers)
         # One delay for every retry: messages in the delay queue expire in order, so a longer
         # backoff would hold back the short retries queued behind it.
         await self.publisher.publish(
@@ -257,7 +260,7 @@ class Consumer:
             properties=properties(
                 content_type=message.content_type,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={**headers, t.H_ATTEMPT: attempt},
+                headers={**headers, t.H_ATTEMPT: attempt, **({t.H_REDONE: True} if redone else {})},
                 message_id=message.message_id,
                 correlation_id=message.correlation_id,
                 reply_to=message.reply_to,
@@ -319,8 +322,9 @@ class Consumer:
             ),
         )
         self.metrics.dead_lettered.labels(letter.code).inc()
-        if step is None and headers.get(t.H_KIND) not in _CONTROL_KINDS:
-            # a turn request's turn is rejected; a bad control message rejects no turn
+        if headers.get(t.H_KIND, t.KIND_START) == t.KIND_START:
+            # a turn request's turn is rejected; any other message (a step, a control message,
+            # one of a kind this worker does not know) rejects no turn
             await self._announce_rejected(message.body, reason, letter.code)
         return None
 
@@ -378,6 +382,17 @@ def _count(headers: dict[str, Any], name: str, *, bad: int | None = None) -> int
     if bad is not None:
         return bad
     raise DecodeError(f"header {name} is not a count: {str(value)[:64]!r}", code="bad_header")
+
+
+def _redone(message: AbstractIncomingMessage, headers: dict[str, Any]) -> bool:
+    """Whether the message was taken before: redelivered by the broker, or sent again through
+    the delay queue after it was taken (``x-loopwire-redone``, a failed attempt)."""
+    return bool(
+        message.redelivered
+        or _count(headers, "x-delivery-count", bad=0)
+        or _count(headers, t.H_ATTEMPT, bad=0)
+        or headers.get(t.H_REDONE) is True
+    )
 
 
 def _step_work(body: bytes) -> StepWork | None:

@@ -177,7 +177,7 @@ class Simulation(RuleBasedStateMachine):
         )
     )
     def advance(self, seconds: float) -> None:
-        self.world.now += seconds
+        self.world.advance(seconds)
 
     def teardown(self) -> None:
         try:

@@ -179,6 +179,9 @@ class World:
     dead: list[Published] = field(default_factory=list)
     delivered: list[tuple[Message, str]] = field(default_factory=list)
     """Every delivery, with the fault that struck it (``""``: none)."""
+    active: float = START
+    """When a worker last did anything: the sessions' keys live ``SESSION_TTL_S`` past it (the
+    idle lifetime), so the clock is never moved further than that."""
 
     def __post_init__(self) -> None:
         self.memory = MemoryStore(lease_ttl_s=LEASE_TTL_S, clock=self.clock, ttl_s=SESSION_TTL_S)
@@ -211,6 +214,10 @@ class World:
     def clock(self) -> float:
         return self.now
 
+    def advance(self, seconds: float) -> None:
+        """Time passes, never past the sessions' idle lifetime (a minute short of it)."""
+        self.now = max(self.now, min(self.now + seconds, self.active + SESSION_TTL_S - 60))
+
     # -- publishing, as a publisher does -----------------------------------------------------
 
     def publish(self, body: bytes, kind: str, message_id: str = "") -> None:
@@ -235,6 +242,7 @@ class World:
         happened (``""``: it was handled and acked). A crashed delivery (or one whose ack was
         lost) stays in the bag and comes again, counted, as a quorum queue redelivers it."""
         message = self.bag[index]
+        self.active = self.now
         delivery = MemoryDelivery.of(
             message.published,
             headers={"x-delivery-count": message.deliveries} if message.deliveries else None,
@@ -265,10 +273,12 @@ class World:
             elif p.routing_key == t.RETRY_QUEUE:  # back after the retry delay
                 self.bag.append(Message(p, due=self.now + BUSY_RETRY_S))
             elif p.routing_key in WAIT_QUEUES:
+                # back at its time, or up to a second early (the wait queues' delays are whole
+                # seconds, and the workers' clocks differ): an early one hops on
                 work = decode(p.body, StepWork)
-                due = work.wait_until if work.wait_until is not None else self.now
-                # a wait queue's delay is whole seconds: it may come back a little early
-                self.bag.append(Message(p, due=max(self.now, due - 1.0)))
+                until = work.wait_until if work.wait_until is not None else self.now
+                early = max(self.now + min(1.0, until - self.now), until - 1.0)
+                self.bag.append(Message(p, due=self.now if until <= self.now else early))
             else:
                 self.replies.setdefault(p.routing_key, []).append(p.body)
 
