@@ -37,6 +37,12 @@ from worker.transport.topology import declare
 ROOT = Path(__file__).resolve().parents[2]
 
 
+SURVIVOR_ENV = {"LOOPWIRE_LEASE_TTL_S": "30"}
+"""For the worker that finishes a turn after another died: the dead worker's lease lapses in
+3 s (the suite's TTL), the survivor's own never does, however long a loaded machine holds up
+its renewals (a lapsed lease lets a duplicate of the step in hand run it a second time)."""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -172,7 +178,9 @@ async def run_past_a_crash(
         extra_env={"LOOPWIRE_FAILPOINTS": point, "LOOPWIRE_PREFETCH": "1"},
         redis_url=redis_url,
     )
-    survivor = WorkerProcess(model_url=model_url, agents_file=agents, redis_url=redis_url)
+    survivor = WorkerProcess(
+        model_url=model_url, agents_file=agents, extra_env=SURVIVOR_ENV, redis_url=redis_url
+    )
     await doomed.start()
     try:
         handle = await client.start_turn(agent, text, **options)
