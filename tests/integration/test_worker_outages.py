@@ -193,6 +193,8 @@ async def test_broker_connection_drop_worker_reconnects(
     assert result.content == "survived the drop"
     assert second.content == "survived the drop"
     assert sum(service.executions.values()) == 2  # one per turn, never twice
+    # the answer that arrived during the drop was saved, not asked for again: two per turn
+    assert len(scripted_model.requests) == 4
 
 
 async def test_sigterm_finishes_the_step_in_hand_and_exits(
