@@ -37,6 +37,7 @@ from contracts.events import (
 from contracts.messages import ChatMessage
 from contracts.state import (
     AgentState,
+    EndedStep,
     StepExecution,
     ToolExecution,
     Wait,
@@ -340,6 +341,9 @@ class Loop(Completion):
             log.exception("after_execution hook failed for turn %s", ex.turn_id)
         persist = ex.request.persist
         final = closed(state, appended=len(append) if persist else 0, now=now)
+        if step is not None:  # its events can be announced again with the end
+            ended = EndedStep(turn_id=ex.turn_id, record=step, invoked=tuple(invoked))
+            final = final.model_copy(update={"ended_step": ended})
         saved = await self.store.save(final, append=append if persist else (), result=result)
         if self.ledger is not None and not agent.daily_budget.empty:
             await self.ledger.add_spent(ex.request.agent, turn_spend(ex, now))
