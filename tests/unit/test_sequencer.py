@@ -18,7 +18,7 @@ from contracts.events import Event, TurnFinished
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
-from contracts.turns import InputMessage, TurnRequest, TurnResult
+from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker.actions import Busy, Delay, Drop, Reply, Step
 from worker.agents import AgentProfile, AgentProfiles
@@ -332,16 +332,28 @@ class WireSink(ListSink):
         self.wire.append(event)
 
 
-async def test_an_end_announced_again_announces_the_last_step_first_the_same_events() -> None:
+@pytest.mark.parametrize(
+    ("last", "max_steps", "announced_again"),
+    [
+        ("answer", None, ["step.completed", "turn.completed"]),
+        # ended by the iteration cap: its last save stored the step's tool result
+        ("tool_call", 1, ["tool.invoked", "step.completed", "turn.completed"]),
+    ],
+)
+async def test_an_end_announced_again_announces_the_last_step_first_the_same_events(
+    last: str, max_steps: int | None, announced_again: list[str]
+) -> None:
     store, wire = MemoryStore(), list[Event]()
-    model = ScriptedAnswers([answers("Order 42 shipped yesterday.")])
-    ending, copy = WireSink(wire, pause_at="step.completed"), WireSink(wire)
+    answer = answers("Order 42 shipped yesterday.") if last == "answer" else calls_lookup()
+    model = ScriptedAnswers([answer])
+    ending, copy = WireSink(wire, pause_at=announced_again[0]), WireSink(wire)
     tools = FunctionTools({"lookup": lookup})
     one, other = (
         sequencer_over(store, model=model, tools=tools, definitions=[LOOKUP], events=sink)
         for sink in (ending, copy)
     )
-    await one.on_request(request("t1"))
+    limits = LimitOverrides(max_tool_iterations=max_steps)
+    await one.on_request(request("t1").model_copy(update={"limits": limits}))
     last_step = asyncio.create_task(one.on_step(work("t1", 0)))
     await asyncio.wait_for(ending.paused.wait(), 5)  # the end is saved, its events going out
 
@@ -350,14 +362,14 @@ async def test_an_end_announced_again_announces_the_last_step_first_the_same_eve
     await last_step
 
     assert codes(actions) == ["finished_turn"]
-    assert copy.types() == ["step.completed", "turn.completed"]
+    assert copy.types() == announced_again
     seen: dict[str, Event] = {}  # what a subscriber keeps: the first event of each id
     for event in wire:
         if event.id in seen:
             assert encode(event) == encode(seen[event.id]), "announced again, the same bytes"
         seen.setdefault(event.id, event)
     types = [e.type for e in seen.values() if e.turn_id == "t1"]
-    assert types[-2:] == ["step.completed", "turn.completed"], "a step after its turn's end"
+    assert types[-len(announced_again) :] == announced_again, "a step after its turn's end"
     assert len(model.requests) == 1
 
 
