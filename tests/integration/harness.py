@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -155,6 +156,38 @@ class WorkerProcess:
 
     async def __aexit__(self, *_exc: object) -> None:
         self.close()
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Wait until ``predicate()`` holds; AssertionError naming ``what`` if it does not in time."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+def event_bindings(pattern: str) -> int:
+    """How many queues are bound to the events exchange with ``pattern`` (subscribers)."""
+    vhost = urllib.parse.unquote(urllib.parse.urlsplit(AMQP_URL).path[1:]) or "/"
+    out = subprocess.run(
+        ["rabbitmqctl", "-q", "list_bindings", "-p", vhost, "source_name", "routing_key"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return sum(line.split("\t") == [t.EVENTS_EXCHANGE, pattern] for line in out.splitlines())
+
+
+async def subscribed(pattern: str, before: int, timeout: float = 30.0) -> None:
+    """Wait until one more subscriber than ``before`` is bound with ``pattern``: it hears every
+    event published from now on."""
+    deadline = time.monotonic() + timeout
+    while await asyncio.to_thread(event_bindings, pattern) <= before:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no subscriber bound {pattern!r} within {timeout}s")
+        await asyncio.sleep(0.1)
 
 
 async def run_past_a_crash(

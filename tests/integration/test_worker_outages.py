@@ -25,6 +25,7 @@ from harness import (
     WorkerProcess,
     assert_valid_transcript,
     session_history,
+    until,
     write_agents,
 )
 from tool_services.sdk import CallContext, ToolService
@@ -66,15 +67,16 @@ async def test_stale_worker_cannot_write_after_another_took_over(
         handle = await client.start_turn("support", "go", session_id=session)
         await asyncio.wait_for(service.call_started.wait(), 20)
         assert stale.proc is not None
-        stale.proc.send_signal(signal.SIGSTOP)  # paused mid-step, past its 3 s lease
-        await asyncio.sleep(3.5)
+        stale.proc.send_signal(signal.SIGSTOP)  # paused mid-step, until past its 3 s lease
         await fresh.start()
         await client.publish(handle.request)  # the publisher retries; the new worker takes over
-        await asyncio.sleep(1.0)
+        # once the lease has lapsed, the new owner sends the call again (same key)
+        await until(lambda: len(service.received) >= 2, "the new owner sent the call again")
         release.set()
         result = await handle.result(30)
         stale.proc.send_signal(signal.SIGCONT)
-        await asyncio.sleep(2.0)  # the stale worker wakes up and tries to save
+        # the stale worker wakes up and tries to save
+        await until(lambda: "STALE" in stale.log_path.read_text(), "the stale worker's save")
         await handle.close()
     finally:
         if stale.proc is not None and stale.proc.poll() is None:
