@@ -23,8 +23,8 @@ from contracts.events import (
     TurnFinished,
     make_event,
 )
-from contracts.messages import Usage
-from contracts.state import AgentState, StepExecution, ToolExecution
+from contracts.messages import ChatMessage, Usage
+from contracts.state import AgentState, EndedStep, StepExecution, ToolExecution
 from contracts.turns import TurnParent, TurnResult
 from worker.loop.ports import EventSink
 from worker.loop.streaming import Publish
@@ -179,6 +179,31 @@ def step_events(
             subject.event("step.completed", step_completed(record), record.completed_at, step=index)
         )
     return found
+
+
+def ended_step(turn_id: str, record: StepExecution, invoked: Sequence[ToolExecution]) -> EndedStep:
+    """What ``step_events`` needs of a turn's last step, without the text it carries (the
+    answer, the arguments, the results: the history and the result hold them already)."""
+
+    def bare(execution: ToolExecution) -> ToolExecution:
+        return execution.model_copy(update={"arguments": None, "value": None, "content": ""})
+
+    step = record.step
+    response = step.response
+    if response is not None:
+        response = response.model_copy(update={"message": ChatMessage(role="assistant")})
+    bare_step = step.model_copy(
+        update={
+            "output_messages": (),
+            "response": response,
+            "tool_executions": tuple(bare(e) for e in step.tool_executions),
+        }
+    )
+    return EndedStep(
+        turn_id=turn_id,
+        record=record.model_copy(update={"step": bare_step}),
+        invoked=tuple(bare(e) for e in invoked),
+    )
 
 
 async def announce_ended_step(

@@ -37,13 +37,12 @@ from contracts.events import (
 from contracts.messages import ChatMessage
 from contracts.state import (
     AgentState,
-    EndedStep,
     StepExecution,
     ToolExecution,
     Wait,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest
-from worker.loop.announce import delta_publisher
+from worker.loop.announce import delta_publisher, ended_step
 from worker.loop.approvals import undecided
 from worker.loop.budgets import configured, turn_spend
 from worker.loop.children import agent_tools, unanswered_children
@@ -342,7 +341,7 @@ class Loop(Completion):
         persist = ex.request.persist
         final = closed(state, appended=len(append) if persist else 0, now=now)
         if step is not None:  # its events can be announced again with the end
-            ended = EndedStep(turn_id=ex.turn_id, record=step, invoked=tuple(invoked))
+            ended = ended_step(ex.turn_id, step, invoked)
             final = final.model_copy(update={"ended_step": ended})
         saved = await self.store.save(final, append=append if persist else (), result=result)
         if self.ledger is not None and not agent.daily_budget.empty:
