@@ -158,15 +158,6 @@ class WorkerProcess:
         self.close()
 
 
-async def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Wait until ``predicate()`` holds; AssertionError naming ``what`` if it does not in time."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        await asyncio.sleep(0.05)
-
-
 def event_bindings(pattern: str) -> int:
     """How many queues are bound to the events exchange with ``pattern`` (subscribers)."""
     vhost = urllib.parse.unquote(urllib.parse.urlsplit(AMQP_URL).path[1:]) or "/"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from redis.asyncio import Redis
-from support_rpc import AMQP_URL
+from support_rpc import AMQP_URL, wait_until
 
 from contracts.client import LoopwireClient, new_id
 from contracts.tools import ToolCallRequest
@@ -25,7 +25,6 @@ from harness import (
     WorkerProcess,
     assert_valid_transcript,
     session_history,
-    until,
     write_agents,
 )
 from tool_services.sdk import CallContext, ToolService
@@ -71,12 +70,12 @@ async def test_stale_worker_cannot_write_after_another_took_over(
         await fresh.start()
         await client.publish(handle.request)  # the publisher retries; the new worker takes over
         # once the lease has lapsed, the new owner sends the call again (same key)
-        await until(lambda: len(service.received) >= 2, "the new owner sent the call again")
+        await wait_until(lambda: len(service.received) >= 2, timeout=30)
         release.set()
         result = await handle.result(30)
         stale.proc.send_signal(signal.SIGCONT)
         # the stale worker wakes up and tries to save
-        await until(lambda: "STALE" in stale.log_path.read_text(), "the stale worker's save")
+        await wait_until(lambda: "STALE" in stale.log_path.read_text(), timeout=30)
         await handle.close()
     finally:
         if stale.proc is not None and stale.proc.poll() is None:
