@@ -19,7 +19,7 @@ from support_rpc import REDIS_URL
 
 from contracts.client import LoopwireClient, new_id
 from contracts.tools import ToolCallRequest
-from harness import CountingToolService, EventRecorder, WorkerProcess, write_agents
+from harness import SURVIVOR_ENV, CountingToolService, EventRecorder, WorkerProcess, write_agents
 from worker.cli.main import main as cli
 from worker.testing.scripted_model import Reply, ScriptedModel
 
@@ -278,7 +278,9 @@ async def test_a_worker_killed_while_parking_deciding_or_resuming_loses_nothing(
         agents_file=agents,
         extra_env={"LOOPWIRE_FAILPOINTS": point},
     )
-    survivor = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    survivor = WorkerProcess(
+        model_url=scripted_model.base_url, agents_file=agents, extra_env=SURVIVOR_ENV
+    )
     await doomed.start()
     try:
         handle = await client.start_turn("support", "refund me")

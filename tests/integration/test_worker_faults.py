@@ -203,7 +203,9 @@ async def test_crash_with_the_real_notes_service_files_one_note(
             agents_file=agents,
             extra_env={"LOOPWIRE_FAILPOINTS": point},
         )
-        survivor = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+        survivor = WorkerProcess(
+            model_url=scripted_model.base_url, agents_file=agents, extra_env=SURVIVOR_ENV
+        )
         await doomed.start()
         session = new_id()
         try:
