@@ -326,6 +326,17 @@ class LLMOverrides(Contract):
     max_tokens: int | None = Field(default=None, ge=1)
 
 
+class EndedStep(Contract):
+    """The last step of the session's last turn, kept until its next turn starts: what its
+    events are rebuilt from when the end is announced again (the same events, byte for byte)."""
+
+    turn_id: SafeId
+    record: StepExecution
+    invoked: tuple[ToolExecution, ...] = Field(
+        default=(), description="The results the turn's last save stored (announced with it)."
+    )
+
+
 class AgentState(Contract):
     """The session: its context, counters and the turn in progress. Versioned for compare-and-set."""
 
@@ -348,6 +359,11 @@ class AgentState(Contract):
         gt=0,
         description="The last model answer's prompt_tokens over the estimate of what it was sent.",
         exclude_if=lambda value: value is None,
+    )
+    ended_step: EndedStep | None = Field(
+        default=None,
+        description="Between turns: the last turn's last step, for announcing its end again.",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
     )
     version: int = Field(default=0, ge=0)
     created_at: float

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import shutil
 import subprocess
@@ -186,11 +187,14 @@ async def wait_announced(
             await asyncio.sleep(0.05)
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool]], *, timeout: float = 10) -> None:
-    """Poll ``predicate`` (Redis, the broker) until it holds."""
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool] | bool], *, timeout: float = 10
+) -> None:
+    """Poll ``predicate`` (Redis, the broker, or what a test's process saw) until it holds."""
     async with asyncio.timeout(timeout):
         while True:
-            if await predicate():
+            held = predicate()
+            if await held if inspect.isawaitable(held) else held:
                 return
             await asyncio.sleep(0.02)
 

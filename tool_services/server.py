@@ -4,7 +4,7 @@ Topology (``contracts.topology``): the direct exchange ``loopwire.tools``
 (durable) and, per tool, a durable quorum queue ``loopwire.tool.<name>`` bound
 with the tool's name as routing key. Declarations are idempotent.
 
-One delivery, start to end:
+One delivery, start to end (steps 1 to 3 are ``tool_services.resolution``):
 
 1. Undecodable body: log, reply an ``error`` if ``reply_to`` and a usable
    ``correlation_id`` are present, ack. Nothing a caller sends kills the service.
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import socket
@@ -54,28 +53,18 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
-from contracts.codec import DecodeError, decode
 from contracts.runtime import amqp
 from contracts.runtime.redis_client import check, redis_client
-from contracts.tools import ToolCallRequest, idempotency_key
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
-from tool_services.calls import CallStore, ClaimKind
-from tool_services.execute import encode_reply, error_reply, undecodable_reply
+from tool_services.calls import CallStore
 from tool_services.metrics import ToolServiceMetrics
-from tool_services.owned import OwnedCall, answer_orphan, readdressed
 from tool_services.registry import Announcer
-from tool_services.sdk import Tool, ToolService
+from tool_services.resolution import CallResolver, Verdict
+from tool_services.sdk import ToolService
 from tool_services.settings import Settings
 from tool_services.traced import traced
 
 log = logging.getLogger("loopwire.tool_services")
-
-
-class Verdict(enum.Enum):
-    DROP = "drop"
-    """Ack without a reply (deadline passed, or nobody to answer)."""
-    REQUEUE = "requeue"
-    """Give the delivery back to the broker (shutting down)."""
 
 
 def new_instance_id(service: str) -> str:
@@ -105,26 +94,23 @@ class ToolServer:
         self.config = settings.tools
         self.instance_id = instance_id or new_instance_id(service.name)
         self.clock = clock
-        self._slots = asyncio.Semaphore(self.config.concurrency)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._queued: set[asyncio.Task[Any]] = set()
-        """Deliveries waiting for a free slot: handed back to the broker at once on stop."""
         self._consumers: list[tuple[AbstractQueue, str]] = []
         self._stopping = False
         self._redis: Redis | None = None
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
-        self._calls: CallStore | None = None
         self._announcer: Announcer | None = None
         self.metrics = metrics or ToolServiceMetrics(CollectorRegistry(), tools=service.tools)
-        self.metrics.track_waiting(lambda: len(self._queued))
+        self._resolver = CallResolver(service, self.config, clock=clock, metrics=self.metrics)
+        self.metrics.track_waiting(lambda: len(self._resolver.queued))
         self.amqp_metrics = amqp.AmqpMetrics(self.metrics.registry)
         """The broker connection's reconnects and connected address."""
 
     @property
     def waiting_for_slot(self) -> int:
         """Deliveries received but waiting for one of the ``concurrency`` slots."""
-        return len(self._queued)
+        return len(self._resolver.queued)
 
     async def consuming(self) -> bool:
         """Readiness: consumers registered, the broker connection up, not stopping."""
@@ -159,12 +145,13 @@ class ToolServer:
             tls=self.settings.redis_tls,
         )
         await check(self._redis, self.settings.redis_url)
-        self._calls = CallStore(
+        calls = CallStore(
             self._redis,
             instance_id=self.instance_id,
             lease_ms=self.config.lease_ms,
             ttl_s=self.config.idempotency_ttl_s,
         )
+        self._resolver.bind(calls, self._redis)
         self._connection = await amqp.connect(
             amqp.resolve_urls(self.settings.amqp_url, self.settings.amqp_urls),
             name=self.instance_id,
@@ -210,12 +197,12 @@ class ToolServer:
         """Stop consuming, drain within ``grace_s``; True when every running call finished."""
         if self._stopping:
             return True
-        self._stopping = True
+        self._stopping = self._resolver.stopping = True
         for queue, tag in self._consumers:
             with contextlib.suppress(Exception):
                 await queue.cancel(tag)
         self._consumers.clear()
-        for task in list(self._queued):
+        for task in list(self._resolver.queued):
             task.cancel()
         if self._announcer is not None:
             await self._announcer.stop()
@@ -261,7 +248,7 @@ class ToolServer:
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         try:
-            outcome = await self._process(message)
+            outcome = await self._resolver.process(message)
             if outcome is Verdict.REQUEUE:
                 await message.nack(requeue=True)
                 return
@@ -283,105 +270,6 @@ class ToolServer:
             )
             with contextlib.suppress(Exception):
                 await message.reject(requeue=False)
-
-    async def _process(self, message: AbstractIncomingMessage) -> bytes | Verdict:
-        if self._stopping:
-            return Verdict.REQUEUE
-        try:
-            request = decode(message.body, ToolCallRequest)
-        except DecodeError as exc:
-            log.warning(
-                "undecodable tool call on %s (correlation id %r): %s",
-                message.routing_key,
-                message.correlation_id,
-                exc.reason,
-            )
-            self.metrics.skipped(message.routing_key, "undecodable")
-            if not message.reply_to:
-                return Verdict.DROP
-            return undecodable_reply(message.correlation_id, exc.reason) or Verdict.DROP
-        tool = self.service.tools.get(request.tool)
-        if tool is None:
-            self.metrics.skipped(request.tool, "unknown_tool")
-            return encode_reply(
-                error_reply(request.call_id, f"this service does not serve tool {request.tool!r}")
-            )
-        if self._expired(request):
-            log.warning(
-                "dropping call %s of %s: its deadline passed %.3fs ago",
-                request.call_id,
-                tool.name,
-                self.clock() - request.context.deadline,
-            )
-            self.metrics.skipped(tool.name, "expired")
-            return Verdict.DROP
-        return await self._resolve(request, tool)
-
-    def _expired(self, request: ToolCallRequest) -> bool:
-        return self.clock() >= request.context.deadline
-
-    async def _resolve(self, request: ToolCallRequest, tool: Tool) -> bytes | Verdict:
-        """Claim the call and run it, or answer from (or wait for) its stored reply."""
-        calls = self._calls
-        assert calls is not None
-        key = request.context.idempotency_key or idempotency_key(
-            request.context.turn_id, request.call_id
-        )
-        try:
-            while True:
-                if not await self._acquire_slot():
-                    return Verdict.REQUEUE
-                try:
-                    if self._expired(request):
-                        log.warning(
-                            "dropping call %s: deadline passed while it waited", request.call_id
-                        )
-                        self.metrics.skipped(tool.name, "expired")
-                        return Verdict.DROP
-                    claim = await calls.claim(key, idempotent=tool.idempotent)
-                    if claim.owns:
-                        assert self._redis is not None
-                        return await OwnedCall(
-                            request, tool, claim, calls=calls, redis=self._redis
-                        ).run(
-                            metrics=self.metrics,
-                            clock=self.clock,
-                            lease_refresh_s=self.config.lease_refresh_s,
-                        )
-                finally:
-                    self._slots.release()
-                if claim.kind is ClaimKind.DONE:
-                    assert claim.reply is not None
-                    log.info("call %s (%s) answered from its stored reply", request.call_id, key)
-                    self.metrics.skipped(tool.name, "replayed")
-                    return readdressed(claim.reply, request.call_id)
-                if claim.kind is ClaimKind.ORPHANED:
-                    self.metrics.skipped(tool.name, "orphaned")
-                    return await answer_orphan(request, tool, claim, calls)
-                await asyncio.sleep(self.config.duplicate_poll_s)
-        except Exception as exc:  # Redis unreachable: answer instead of losing the call
-            log.exception("cannot check call %s against its stored reply", request.call_id)
-            self.metrics.skipped(tool.name, "store_unavailable")
-            return encode_reply(
-                error_reply(request.call_id, f"the tool service cannot reach its store: {exc}")
-            )
-
-    async def _acquire_slot(self) -> bool:
-        """Wait for one of the ``concurrency`` slots; False when the service is stopping."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._queued.add(task)
-        try:
-            if self._stopping:
-                return False
-            await self._slots.acquire()
-        finally:
-            if task is not None:
-                self._queued.discard(task)
-        if self._stopping:
-            self._slots.release()
-            return False
-        return True
 
     async def _publish_reply(self, message: AbstractIncomingMessage, body: bytes) -> None:
         if not message.reply_to:

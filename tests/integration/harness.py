@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,6 +36,12 @@ from contracts.tools import ToolAnnouncement, ToolCallReply, ToolCallRequest, To
 from worker.transport.topology import declare
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+SURVIVOR_ENV = {"LOOPWIRE_LEASE_TTL_S": "30"}
+"""For the worker that finishes a turn after another died: the dead worker's lease lapses in
+3 s (the suite's TTL), the survivor's own never does, however long a loaded machine holds up
+its renewals (a lapsed lease lets a duplicate of the step in hand run it a second time)."""
 
 
 def free_port() -> int:
@@ -151,6 +158,29 @@ class WorkerProcess:
         self.close()
 
 
+def event_bindings(pattern: str) -> int:
+    """How many queues are bound to the events exchange with ``pattern`` (subscribers)."""
+    vhost = urllib.parse.unquote(urllib.parse.urlsplit(AMQP_URL).path[1:]) or "/"
+    out = subprocess.run(
+        ["rabbitmqctl", "-q", "list_bindings", "-p", vhost, "source_name", "routing_key"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return sum(line.split("\t") == [t.EVENTS_EXCHANGE, pattern] for line in out.splitlines())
+
+
+async def subscribed(pattern: str, before: int, timeout: float = 30.0) -> None:
+    """Wait until one more subscriber than ``before`` is bound with ``pattern``: it hears every
+    event published from now on."""
+    deadline = time.monotonic() + timeout
+    while await asyncio.to_thread(event_bindings, pattern) <= before:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no subscriber bound {pattern!r} within {timeout}s")
+        await asyncio.sleep(0.1)
+
+
 async def run_past_a_crash(
     client: Any,
     model_url: str,
@@ -172,7 +202,9 @@ async def run_past_a_crash(
         extra_env={"LOOPWIRE_FAILPOINTS": point, "LOOPWIRE_PREFETCH": "1"},
         redis_url=redis_url,
     )
-    survivor = WorkerProcess(model_url=model_url, agents_file=agents, redis_url=redis_url)
+    survivor = WorkerProcess(
+        model_url=model_url, agents_file=agents, extra_env=SURVIVOR_ENV, redis_url=redis_url
+    )
     await doomed.start()
     try:
         handle = await client.start_turn(agent, text, **options)

@@ -20,7 +20,16 @@ from contracts.client import LoopwireClient, TurnRejectedError, new_id
 from contracts.codec import encode
 from contracts.events import Event
 from contracts.turns import InputMessage, TurnParent, TurnRequest
-from harness import AMQP_URL, REDIS_URL, ROOT, CountingToolService, WorkerProcess, write_agents
+from harness import (
+    AMQP_URL,
+    REDIS_URL,
+    ROOT,
+    CountingToolService,
+    WorkerProcess,
+    event_bindings,
+    subscribed,
+    write_agents,
+)
 from worker.loop.children import child_turn_id
 from worker.testing.scripted_model import Reply, ScriptedModel
 
@@ -99,8 +108,9 @@ async def test_subscribe_receives_only_matching_events(
             received.append(event)
             return
 
+    bound = await asyncio.to_thread(event_bindings, "tool.invoked.#")
     task = asyncio.create_task(collect())
-    await asyncio.sleep(0.3)  # the subscription is bound before the turn starts
+    await subscribed("tool.invoked.#", bound)  # before the turn starts
     await client.run_turn("support", "hello", timeout=30)
     await asyncio.wait_for(task, 10)
     assert [e.type for e in received] == ["tool.invoked"]
@@ -157,6 +167,7 @@ async def test_cli_unreachable_broker_is_one_line() -> None:
 
 async def test_cli_tail_prints_matching_events(live: WorkerProcess, client: LoopwireClient) -> None:
     env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL, "LOOPWIRE_REDIS_URL": REDIS_URL}
+    bound = await asyncio.to_thread(event_bindings, "turn.completed.#")
     tail = await asyncio.create_subprocess_exec(
         *LOOPWIRE,
         "tail",
@@ -169,7 +180,7 @@ async def test_cli_tail_prints_matching_events(live: WorkerProcess, client: Loop
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    await asyncio.sleep(1.5)  # let it bind
+    await subscribed("turn.completed.#", bound)
     result = await client.run_turn("support", "hello", timeout=30)
     stdout, stderr = await asyncio.wait_for(tail.communicate(), 20)
     assert tail.returncode == 0, stderr
@@ -192,7 +203,8 @@ async def test_cli_dlq_list_and_replay(
     await first.start()
     handle = await client.start_turn("late", "hello")
     try:
-        await asyncio.sleep(1.0)
+        with pytest.raises(TurnRejectedError):  # announced once it was dead-lettered
+            await handle.result(30)
         listed = await cli("dlq", "list")
         assert listed.returncode == 0, listed.stderr
         row = next(line for line in listed.stdout.splitlines() if handle.turn_id in line)
@@ -208,12 +220,13 @@ async def test_cli_dlq_list_and_replay(
         completed: list[Event] = []
 
         async def watch() -> None:
-            async for event in client.subscribe(f"turn.completed.*.{handle.turn_id}"):
+            async for event in client.subscribe(pattern):
                 completed.append(event)
                 return
 
+        pattern = f"turn.completed.*.{handle.turn_id}"
         watcher = asyncio.create_task(watch())
-        await asyncio.sleep(0.3)
+        await subscribed(pattern, 0)
         try:
             replayed = await cli("dlq", "replay", dead_id)
             assert replayed.returncode == 0, replayed.stderr

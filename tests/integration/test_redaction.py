@@ -26,6 +26,7 @@ from contracts.tools import ToolCallRequest
 from contracts.turns import TurnResult
 from harness import (
     REDIS_URL,
+    SURVIVOR_ENV,
     CountingToolService,
     EventRecorder,
     WorkerProcess,
@@ -314,7 +315,9 @@ async def test_worker_killed_after_the_model_answered_restores_on_another(
         agents_file=agents,
         extra_env={"LOOPWIRE_FAILPOINTS": "model_saved"},
     )
-    survivor = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    survivor = WorkerProcess(
+        model_url=scripted_model.base_url, agents_file=agents, extra_env=SURVIVOR_ENV
+    )
     session = new_session(sessions)
     await doomed.start()
     try:

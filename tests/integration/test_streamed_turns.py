@@ -20,6 +20,7 @@ from contracts.turns import TurnResult
 from harness import (
     AMQP_URL,
     REDIS_URL,
+    SURVIVOR_ENV,
     CountingToolService,
     EventRecorder,
     WorkerProcess,
@@ -140,7 +141,9 @@ async def test_a_worker_killed_mid_stream_is_followed_by_a_restarted_stream(
     doomed = WorkerProcess(
         model_url=scripted_model.base_url, agents_file=agents, extra_env={"LOOPWIRE_PREFETCH": "1"}
     )
-    survivor = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    survivor = WorkerProcess(
+        model_url=scripted_model.base_url, agents_file=agents, extra_env=SURVIVOR_ENV
+    )
     await doomed.start()
     try:
         handle = await client.start_turn("support", "tell me everything")

@@ -11,6 +11,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 from redis.asyncio import Redis
+from support_rpc import wait_until
 
 from contracts import keys
 from contracts import topology as t
@@ -217,8 +218,8 @@ async def test_worker_killed_during_tool_call_resumes_on_another(
         await asyncio.wait_for(service.call_started.wait(), 20)
         first.kill()  # the model's answer was saved; the tool call is in flight
         await second.start()
-        await asyncio.sleep(0.5)
-        release.set()
+        release.set()  # the call ends and its reply is stored, for a dead reply queue
+        await wait_until(lambda: bool(service.replies), timeout=30)
         result = await handle.result(30)
         await handle.close()
     finally:

@@ -19,6 +19,7 @@ from contracts.registry import live_tools
 from harness import (
     AMQP_URL,
     REDIS_URL,
+    SURVIVOR_ENV,
     CountingToolService,
     EventRecorder,
     WorkerProcess,
@@ -50,7 +51,9 @@ async def test_killed_worker_step_is_redone_by_another(
         agents_file=agents,
         extra_env={"LOOPWIRE_FAILPOINTS": point},
     )
-    survivor = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    survivor = WorkerProcess(
+        model_url=scripted_model.base_url, agents_file=agents, extra_env=SURVIVOR_ENV
+    )
     await doomed.start()
     try:
         session = new_id()
@@ -200,7 +203,9 @@ async def test_crash_with_the_real_notes_service_files_one_note(
             agents_file=agents,
             extra_env={"LOOPWIRE_FAILPOINTS": point},
         )
-        survivor = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+        survivor = WorkerProcess(
+            model_url=scripted_model.base_url, agents_file=agents, extra_env=SURVIVOR_ENV
+        )
         await doomed.start()
         session = new_id()
         try:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from redis.asyncio import Redis
-from support_rpc import AMQP_URL
+from support_rpc import AMQP_URL, wait_until
 
 from contracts.client import LoopwireClient, new_id
 from contracts.tools import ToolCallRequest
@@ -66,15 +66,16 @@ async def test_stale_worker_cannot_write_after_another_took_over(
         handle = await client.start_turn("support", "go", session_id=session)
         await asyncio.wait_for(service.call_started.wait(), 20)
         assert stale.proc is not None
-        stale.proc.send_signal(signal.SIGSTOP)  # paused mid-step, past its 3 s lease
-        await asyncio.sleep(3.5)
+        stale.proc.send_signal(signal.SIGSTOP)  # paused mid-step, until past its 3 s lease
         await fresh.start()
         await client.publish(handle.request)  # the publisher retries; the new worker takes over
-        await asyncio.sleep(1.0)
+        # once the lease has lapsed, the new owner sends the call again (same key)
+        await wait_until(lambda: len(service.received) >= 2, timeout=30)
         release.set()
         result = await handle.result(30)
         stale.proc.send_signal(signal.SIGCONT)
-        await asyncio.sleep(2.0)  # the stale worker wakes up and tries to save
+        # the stale worker wakes up and tries to save
+        await wait_until(lambda: "STALE" in stale.log_path.read_text(), timeout=30)
         await handle.close()
     finally:
         if stale.proc is not None and stale.proc.poll() is None:
@@ -193,6 +194,8 @@ async def test_broker_connection_drop_worker_reconnects(
     assert result.content == "survived the drop"
     assert second.content == "survived the drop"
     assert sum(service.executions.values()) == 2  # one per turn, never twice
+    # the answer that arrived during the drop was saved, not asked for again: two per turn
+    assert len(scripted_model.requests) == 4
 
 
 async def test_sigterm_finishes_the_step_in_hand_and_exits(

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
+from aiormq.base import FutureStore
 from aiormq.exceptions import ChannelInvalidStateError
 from prometheus_client import CollectorRegistry
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -24,12 +25,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from contracts import topology as t
 from contracts.codec import MAX_MESSAGE_BYTES, decode, encode, encode_obj
 from contracts.control import TurnChildResult
-from contracts.events import TurnRejected
+from contracts.events import Event, TurnRejected
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse
-from contracts.tools import ToolContext, ToolDefinition
+from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
 from contracts.turns import InputMessage, TurnParent, TurnRequest, TurnResult
 from contracts.work import StepWork
+from worker.errors import RetryableError
+from worker.loop.ports import ModelRequest
 from worker.profiles.agents import AgentProfile, AgentProfiles
 from worker.runtime import failpoints
 from worker.runtime.metrics import WorkerMetrics
@@ -101,6 +104,9 @@ class Rig:
     def last_step(self) -> Published:
         return self.publisher.to(t.TURNS_QUEUE)[-1]
 
+    def last_step_delivery(self) -> MemoryDelivery:
+        return MemoryDelivery.of(self.last_step())
+
     def replies(self) -> list[TurnResult]:
         return [decode(p.body, TurnResult) for p in self.publisher.to(REPLIES)]
 
@@ -128,11 +134,14 @@ def make_rig() -> Iterator[MakeRig]:
         *answers: ModelResponse | BaseException,
         store: MemoryStore | None = None,
         agents: Sequence[str | AgentProfile] = ("support",),
+        model: ScriptedAnswers | None = None,
+        tools: FunctionTools | None = None,
+        events: ListSink | None = None,
     ) -> Rig:
         store = store if store is not None else MemoryStore()
-        model = ScriptedAnswers(answers)
-        tools = FunctionTools({"lookup": lookup})
-        events = ListSink()
+        model = model if model is not None else ScriptedAnswers(answers)
+        tools = tools if tools is not None else FunctionTools({"lookup": lookup})
+        events = events if events is not None else ListSink()
         registry = CollectorRegistry()
 
         sequencer = sequencer_over(
@@ -720,6 +729,95 @@ async def test_channel_down_after_a_step_was_saved_redoes_only_the_publish(
     assert acked_once(again)
     assert [s.step for s in rig.steps()] == [0, 1]
     assert len(rig.tools.calls) == 1  # neither the model nor the tool was asked again
+
+
+class HeldAnswers(ScriptedAnswers):
+    """Scripted answers, each held back until ``released`` is set: a model call in flight."""
+
+    def __init__(self, *answers: ModelResponse) -> None:
+        super().__init__(answers)
+        self.asked = asyncio.Event()
+        self.released = asyncio.Event()
+
+    def complete(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+        answer = super().complete(request)
+        self.asked.set()
+        return self._held(answer)
+
+    async def _held(self, answer: Awaitable[ModelResponse]) -> ModelResponse:
+        await self.released.wait()
+        return await answer
+
+
+class Broker:
+    """The broker as a step sees it: events and tool calls fail while it is ``down`` (a publish
+    on a closed channel; the tool caller's lost call)."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def check(self) -> None:
+        if self.down:
+            raise ChannelInvalidStateError("the broker connection is down")
+
+
+class BrokerSink(ListSink):
+    def __init__(self, broker: Broker) -> None:
+        super().__init__()
+        self.broker = broker
+
+    async def emit(self, event: Event) -> None:
+        self.broker.check()
+        await super().emit(event)
+
+
+class BrokerTools(FunctionTools):
+    def __init__(self, broker: Broker) -> None:
+        super().__init__({"lookup": lookup})
+        self.broker = broker
+
+    async def call(self, request: ToolCallRequest, definition: ToolDefinition) -> ToolCallReply:
+        if self.broker.down:
+            raise RetryableError("could not send the tool call: the broker connection is down")
+        return await super().call(request, definition)
+
+
+async def test_a_model_answer_arriving_while_the_broker_is_down_is_saved_not_asked_again(
+    make_rig: MakeRig,
+) -> None:
+    broker = Broker()
+    model = HeldAnswers(calls_lookup(), answers("Order 42 shipped."))
+    rig = make_rig(model=model, tools=BrokerTools(broker), events=BrokerSink(broker))
+    await rig.deliver(start(request("t1")))
+    work = rig.last_step()
+    delivery = MemoryDelivery.of(work)
+    # the client runs each delivery's callback as a task of the channel's own, and cancels them
+    # all when the connection drops
+    callbacks = FutureStore(asyncio.get_running_loop())
+    callbacks.create_task(rig.consumer.handle(cast(AbstractIncomingMessage, delivery)))
+    await asyncio.wait_for(model.asked.wait(), 5)
+    steps = set(rig.consumer.in_flight)
+
+    broker.down, delivery.channel_closed = True, True
+    rig.publisher.fail_with = ChannelInvalidStateError("the broker connection is down")
+    await callbacks.reject_all(ConnectionError("the broker connection is down"))
+    model.released.set()  # the answer arrives while the connection is down
+    done, _ = await asyncio.wait(steps, timeout=5)
+    assert steps and done == steps, "the step did not end"
+
+    assert delivery.settlements == 0  # the broker delivers it again
+    broker.down, rig.publisher.fail_with = False, None
+    again = await rig.deliver(
+        MemoryDelivery(delivery.body, headers=delivery.headers, redelivered=True)
+    )
+    assert acked_once(again)
+    assert len(model.requests) == 1, "the answer that arrived during the drop was asked again"
+    assert len(rig.tools.calls) == 1
+    final = await rig.deliver(rig.last_step_delivery())
+
+    assert acked_once(final)
+    assert len(model.requests) == 2
+    assert [r.content for r in rig.replies()] == ["Order 42 shipped."]
 
 
 async def test_closed_delivery_channel_is_neither_acked_nor_nacked(make_rig: MakeRig) -> None:

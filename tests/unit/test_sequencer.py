@@ -14,11 +14,11 @@ import pytest
 
 from contracts.codec import encode
 from contracts.control import TurnCancel, TurnDecision
-from contracts.events import TurnFinished
+from contracts.events import Event, TurnFinished
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
-from contracts.turns import InputMessage, TurnRequest, TurnResult
+from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker.errors import ModelError
 from worker.loop import Hook, HookContext, Loop
@@ -334,6 +334,67 @@ async def test_redelivered_last_step_of_a_finished_turn_repeats_its_effects(rig:
     assert len(rig.model.requests) == 1
     assert rig.observer.finished == [result]  # the turn ended once
     assert await rig.lease_is_free()
+
+
+class WireSink(ListSink):
+    """One worker's events, as they reach the wire that every worker publishes to; with
+    ``pause_at``, the first event of that type waits for ``release`` (the worker is still
+    publishing it)."""
+
+    def __init__(self, wire: list[Event], pause_at: str | None = None) -> None:
+        super().__init__()
+        self.wire = wire
+        self.pause_at = pause_at
+        self.paused = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def emit(self, event: Event) -> None:
+        if event.type == self.pause_at and not self.paused.is_set():
+            self.paused.set()
+            await self.release.wait()
+        await super().emit(event)
+        self.wire.append(event)
+
+
+@pytest.mark.parametrize(
+    ("last", "max_steps", "announced_again"),
+    [
+        ("answer", None, ["step.completed", "turn.completed"]),
+        # ended by the iteration cap: its last save stored the step's tool result
+        ("tool_call", 1, ["tool.invoked", "step.completed", "turn.completed"]),
+    ],
+)
+async def test_an_end_announced_again_announces_the_last_step_first_the_same_events(
+    last: str, max_steps: int | None, announced_again: list[str]
+) -> None:
+    store, wire = MemoryStore(), list[Event]()
+    answer = answers("Order 42 shipped yesterday.") if last == "answer" else calls_lookup()
+    model = ScriptedAnswers([answer])
+    ending, copy = WireSink(wire, pause_at=announced_again[0]), WireSink(wire)
+    tools = FunctionTools({"lookup": lookup})
+    one, other = (
+        sequencer_over(store, model=model, tools=tools, definitions=[LOOKUP], events=sink)
+        for sink in (ending, copy)
+    )
+    limits = LimitOverrides(max_tool_iterations=max_steps)
+    await one.on_request(request("t1").model_copy(update={"limits": limits}))
+    last_step = asyncio.create_task(one.on_step(work("t1", 0)))
+    await asyncio.wait_for(ending.paused.wait(), 5)  # the end is saved, its events going out
+
+    actions = await other.on_step(work("t1", 0), redone=True)  # its redelivery, at another worker
+    ending.release.set()
+    await last_step
+
+    assert codes(actions) == ["finished_turn"]
+    assert copy.types() == announced_again
+    seen: dict[str, Event] = {}  # what a subscriber keeps: the first event of each id
+    for event in wire:
+        if event.id in seen:
+            assert encode(event) == encode(seen[event.id]), "announced again, the same bytes"
+        seen.setdefault(event.id, event)
+    types = [e.type for e in seen.values() if e.turn_id == "t1"]
+    assert types[-len(announced_again) :] == announced_again, "a step after its turn's end"
+    assert len(model.requests) == 1
 
 
 # -- fail_turn: the one path that ends a turn -------------------------------------------------------

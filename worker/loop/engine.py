@@ -42,7 +42,7 @@ from contracts.state import (
     Wait,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest
-from worker.loop.announce import delta_publisher
+from worker.loop.announce import delta_publisher, ended_step
 from worker.loop.approvals import undecided
 from worker.loop.budgets import configured, own_spend
 from worker.loop.children import agent_tools, unanswered_children
@@ -347,6 +347,9 @@ class Loop(Completion):
             log.exception("after_execution hook failed for turn %s", ex.turn_id)
         persist = ex.request.persist
         final = closed(state, appended=len(append) if persist else 0, now=now)
+        if step is not None:  # its events can be announced again with the end
+            ended = ended_step(ex.turn_id, step, invoked)
+            final = final.model_copy(update={"ended_step": ended})
         saved = await self.store.save(final, append=append if persist else (), result=result)
         if self.ledger is not None and not agent.daily_budget.empty:
             await self.ledger.add_spent(ex.request.agent, own_spend(ex, now))

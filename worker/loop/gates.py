@@ -23,7 +23,7 @@ from contracts.events import (
 from contracts.messages import ChatMessage
 from contracts.state import AgentState, StepExecution, StopSignal, ToolExecution, Wait
 from contracts.turns import FinishReason, TurnError
-from worker.loop.announce import announce, announce_step
+from worker.loop.announce import Subject, announce, publish, step_events
 from worker.loop.approvals import parked
 from worker.loop.budgets import first_spent
 from worker.loop.hooks import Hook, HookContext, ToolInvocation, asks_approval
@@ -258,10 +258,8 @@ class Gates:
         self, state: AgentState, record: StepExecution, *, invoked: Sequence[ToolExecution] = ()
     ) -> None:
         """``tool.invoked`` for results the step's save stored, then ``step.completed``."""
-        for execution in invoked:
-            await self.tools.emit_invoked(state, record.step.index, execution)
-        if "step.completed" in self.announced:
-            await announce_step(self.events, record.completed_at, state, record)
+        for event in step_events(Subject.of_state(state), record, invoked, self.announced):
+            await publish(self.events, event)
 
     async def _emit(
         self,

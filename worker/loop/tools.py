@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from contracts.events import EventData, EventType, StateUpdated, ToolInvoked, ToolInvoking
+from contracts.events import EventData, EventType, ToolInvoking
 from contracts.messages import ToolCall
 from contracts.state import (
     AgentState,
@@ -30,6 +30,7 @@ from contracts.tools import (
     idempotency_key,
 )
 from worker.errors import RetryableError, ToolCallError, ToolUnavailableError
+from worker.loop.announce import result_events
 from worker.loop.guards import truncate
 from worker.loop.hooks import Blocked, Hook, HookContext, ToolInvocation
 from worker.loop.ports import (
@@ -304,36 +305,10 @@ class ToolRunner:
 
     async def emit_invoked(self, state: AgentState, step: int, execution: ToolExecution) -> None:
         """``tool.invoked`` for a saved result (and ``state.updated`` when it set state)."""
-        await self._emit_invoked(state, step, execution)
-        if execution.state_keys:
+        for kind, data in result_events(execution):
             await self.emit(
-                "state.updated",
-                StateUpdated(
-                    call_id=execution.call_id, tool=execution.name, keys=execution.state_keys
-                ),
-                state,
-                step=step,
-                call_id=execution.call_id,
-                at=execution.completed_at,
+                kind, data, state, step=step, call_id=execution.call_id, at=execution.completed_at
             )
-
-    async def _emit_invoked(self, state: AgentState, step: int, execution: ToolExecution) -> None:
-        await self.emit(
-            "tool.invoked",
-            ToolInvoked(
-                tool=execution.name,
-                call_id=execution.call_id,
-                outcome=execution.outcome,
-                duration_s=execution.duration_s,
-                truncated=execution.truncated,
-                error=execution.error[:500] if execution.error else None,
-                unresolved_placeholders=execution.unresolved_placeholders,
-            ),
-            state,
-            step=step,
-            call_id=execution.call_id,
-            at=execution.completed_at,  # the saved record's time: a re-published event is the same
-        )
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -43,7 +43,7 @@ def new_execution(
         started_at=now,
         updated_at=now,
     )
-    return state.model_copy(update={"execution": execution, "updated_at": now})
+    return state.model_copy(update={"execution": execution, "ended_step": None, "updated_at": now})
 
 
 def turn_result(

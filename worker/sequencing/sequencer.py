@@ -30,11 +30,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
-from contracts.state import ExecutionState, TurnTrace
+from contracts.state import AgentState, ExecutionState, TurnTrace
 from contracts.turns import TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker.errors import PermanentError
 from worker.loop import EventSink, Finished, Loop, StepOutcome, Waiting, new_execution
+from worker.loop.announce import announce_ended_step
 from worker.loop.output import check_schema
 from worker.loop.ports import LoopObserver
 from worker.loop.turn import turn_of
@@ -239,7 +240,7 @@ class SessionSequencer(Controls, Erasure):
         if ex is None:
             head = await self._head(work, opening)
             if head != work.turn_id or work.step != 0:
-                return await self._already_done(work, head, redone)
+                return await self._already_done(work, head, redone, state)
             request = (
                 opening.request
                 if opening
@@ -307,7 +308,8 @@ class SessionSequencer(Controls, Erasure):
             if request is None:
                 # ended already (this very call, before a failure sent the message back):
                 # what follows the end goes out again, or nothing was ever accepted
-                return await self._already_done(work, await self.store.head(work.session_id), True)
+                head = await self.store.head(work.session_id)
+                return await self._already_done(work, head, True, state)
             # the agent may be gone from the profiles (that may be why the step fails)
             profile = self.profiles.get(request.agent) or AgentProfile(name=request.agent)
             if state is None or ex is None:
@@ -341,13 +343,17 @@ class SessionSequencer(Controls, Erasure):
             actions.append(first_step(request.session_id, session.next_turn))
         return actions
 
-    async def _already_done(self, work: StepWork, head: str | None, redone: bool) -> list[Action]:
+    async def _already_done(
+        self, work: StepWork, head: str | None, redone: bool, state: AgentState | None = None
+    ) -> list[Action]:
         """A step message for a turn that is not running: a duplicate, or the redelivered last
-        step of a finished turn whose effects (reply, event, next kick) may not have gone out."""
+        step of a finished turn whose effects (reply, events, next kick) may not have gone out;
+        ``state``: the session's, held under its lease."""
         result = await self.store.result(work.session_id, work.turn_id)
         if result is None or work.step < max(result.steps - 1, 0) or not redone:
             return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
         replies = await self.store.reply_to(work.session_id, work.turn_id)
+        await announce_ended_step(self.events, result, state)
         await self._emit_finished(result)
         actions: list[Action] = []
         if replies:

@@ -20,7 +20,9 @@ where due.
   no worker sent is dead-lettered (``forbidden``).
 - Every publish uses confirms; the message is acked only after all of them.
 - A step starts only while every channel of the broker connection is open; a step whose
-  channel went down goes back to the queue and is redone.
+  channel went down goes back to the queue and is redone. A connection that drops does not
+  cut the step in hand short: it runs up to its next use of the broker, saving what arrives
+  meanwhile (a model answer), so the next delivery does not ask for it again.
 """
 
 from __future__ import annotations
@@ -131,21 +133,30 @@ class Consumer:
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Handle one work message: every path ends in exactly one ack (after a delayed retry
         or a dead-letter where due), or in the message going back to the queue when a channel
-        went down under it."""
-        task = asyncio.current_task()
-        assert task is not None
-        self.in_flight.add(task)
+        went down under it.
+
+        The work runs in a task of its own. When the broker connection drops, the client
+        cancels the callbacks of the deliveries it had made; the step goes on without its
+        callback up to its next use of the broker, which fails: so a model answer on its way
+        is still saved (Redis and the lease suffice) before the step goes back, and the
+        broker's next delivery of the message goes on from it instead of asking again."""
         self.handled += 1
+        task = asyncio.create_task(self._handle(message))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+        await asyncio.shield(task)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
         try:
             if not self.broker_up.is_set():
                 await self.broker_up.wait()
+                if _channel_closed(message):
+                    return  # the broker delivers it again: no step for a delivery that is gone
             headers: dict[str, Any] = message.headers  # read only: a step holds it to its end
             settlement = await self._work(message, headers)
             await self._settle(message, headers, settlement)
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
             await self._give_back(message, exc)
-        finally:
-            self.in_flight.discard(task)
 
     async def _work(self, message: AbstractIncomingMessage, headers: dict[str, Any]) -> Settlement:
         """Do what the message asks, publishing what follows; say how to settle it."""
@@ -333,9 +344,7 @@ class Consumer:
         to ack on: the broker delivers the message again. A delivery channel that is still
         open (restored before the others, or another channel was lost alone) would hold the
         message unacked for good: it is returned to the queue once the connection is whole."""
-        try:
-            message.channel  # noqa: B018 - raises when the delivery channel is closed
-        except ChannelInvalidStateError:
+        if _channel_closed(message):
             log.warning(
                 "could not finish work message %s, the broker connection is down (%r): "
                 "it will be delivered again",
@@ -371,6 +380,15 @@ class Consumer:
             await self.events.emit(event)
         except Exception:
             log.exception("could not publish turn.rejected")
+
+
+def _channel_closed(message: AbstractIncomingMessage) -> bool:
+    """Whether the channel the message was delivered on is closed (nothing to settle it on)."""
+    try:
+        message.channel  # noqa: B018 - raises when the delivery channel is closed
+    except ChannelInvalidStateError:
+        return True
+    return False
 
 
 def _count(headers: dict[str, Any], name: str, *, bad: int | None = None) -> int:
