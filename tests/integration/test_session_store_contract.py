@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from contracts import keys
 from contracts.control import TurnCancel, TurnDecision
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse, PendingStep, Spend
@@ -73,6 +74,25 @@ async def test_accept_queues_turns_in_arrival_order_once_each(
     assert (await store.accept(first)).status == "pending"
     assert await store.head(f"s-{uid}") == first.turn_id
     assert await store.request(f"s-{uid}", second.turn_id) == second
+
+
+async def test_a_session_being_erased_accepts_no_turn_until_the_erasure_ends(
+    store: SessionStore, redis: Redis, uid: str
+) -> None:
+    request = turn(uid, 1)
+    mark = keys.session_erasing(request.session_id)
+    if isinstance(store, MemoryStore):
+        store.erasing.add(request.session_id)
+    else:
+        await redis.set(mark, "7", px=60_000)
+    assert (await store.accept(request)).status == "erasing"
+    assert await store.head(request.session_id) is None
+    assert await store.request(request.session_id, request.turn_id) is None
+    if isinstance(store, MemoryStore):
+        store.erasing.clear()
+    else:
+        await redis.delete(mark)
+    assert (await store.accept(request)).status == "start"
 
 
 async def test_a_finished_turn_names_the_next_and_is_answered_from_its_result(

@@ -118,13 +118,15 @@ if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting}
 """
 
-# KEYS: turns requests queue result replies
+# KEYS: turns requests queue result replies erasing
 # ARGV: turn_id, request_blob, ttl_s, reply_to|'', now
+# While the session is being erased (``erasing`` exists) nothing is written: {'erasing'}.
 # A turn's status is 'queued <accepted at>' until it is 'done': a copy of it is announced with
 # the time the first was accepted.
 # The replies field of a turn lists every reply queue its copies named, space-separated (a
 # reply_to has no spaces): a copy published while the turn runs gets the result too.
 ACCEPT: Final = """
+if redis.call('EXISTS', KEYS[6]) == 1 then return {'erasing', ''} end
 if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued ' .. ARGV[5]) == 0 then
   local res = redis.call('GET', KEYS[4])
   if res then return {'done', res} end
@@ -149,6 +151,33 @@ local len = redis.call('RPUSH', KEYS[3], ARGV[1])
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
 if len == 1 then return {'start', '', ARGV[5]} end
 return {'queued', tostring(len - 1), ARGV[5]}
+"""
+
+# Erasing a session, under its lease. KEYS: lease erasing queue ; ARGV: token, ttl_ms
+# -> 1: marked (accepts are refused until the erasure ends), 0: the lease is lost or a turn
+#    is queued (the erasure is judged again)
+ERASE_MARK: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('LLEN', KEYS[3]) > 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: lease erasing key... (all of one session) ; ARGV: token, ttl_ms, last (0/1)
+# -> the number of keys deleted, or -1 when the lease or the mark is lost. ``last``: the mark
+#    and the lease go too (the lease counted as deleted).
+ERASE_KEYS: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return -1 end
+local n = 0
+if #KEYS > 2 then n = redis.call('UNLINK', unpack(KEYS, 3)) end
+if ARGV[3] == '1' then
+  redis.call('DEL', KEYS[2])
+  n = n + redis.call('DEL', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return n
 """
 
 # Fleet-wide model rate limits, GCRA: each key holds its limit's theoretical arrival time (ms);

@@ -119,6 +119,7 @@ class RedisStore:
                 keys.session_queue(s),
                 keys.turn_result(s, t),
                 keys.session_replies(s),
+                keys.session_erasing(s),
             ]
             args: list[Any] = [t, encode(request), self.ttl_s, request.reply_to or "", now]
             index = keys.turn_session(t)
@@ -192,6 +193,15 @@ class RedisStore:
                 pipe.hincrbyfloat(key, "wall_s", spend.wall_s)
                 pipe.expire(key, 2 * 24 * 3600)
                 await pipe.execute()
+
+    async def note_children(self, session_id: str, child_sessions: Sequence[str]) -> None:
+        if child_sessions:
+            key = keys.session_children(session_id)
+            with self.timed("write"):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.sadd(key, *child_sessions)
+                    pipe.expire(key, self.ttl_s)
+                    await pipe.execute()
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
         if requests:
@@ -314,6 +324,8 @@ def _accepted(status: bytes | str, payload: Any, at: list[Any]) -> Accepted:
     accepted_at = _time(at[0]) if at else None
     if status == "queued":
         return Accepted("queued", ahead=int(payload), accepted_at=accepted_at)
+    if status == "erasing":
+        return Accepted("erasing")
     return Accepted("start" if status == "start" else "pending", accepted_at=accepted_at)
 
 

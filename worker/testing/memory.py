@@ -99,6 +99,10 @@ class MemoryStore:
         self.waiting_approvals: dict[str, ApprovalRequest] = {}
         self.spend: dict[str, Spend] = {}
         """Each agent's spend (one day: the memory store does not age it)."""
+        self.children: dict[str, set[str]] = {}
+        """The child sessions each session's turns started (``note_children``)."""
+        self.erasing: set[str] = set()
+        """Sessions being erased: their accepts are refused (``erasing``) meanwhile."""
 
     # -- the session port ---------------------------------------------------------------
 
@@ -109,6 +113,8 @@ class MemoryStore:
         if t not in self.sessions_of:  # SET NX EX
             self.sessions_of[t] = s
             self.keys.expire(keys.turn_session(t), self.ttl_s, self._pop(self.sessions_of, t))
+        if s in self.erasing:
+            return Accepted("erasing")
         if t in turns:
             result = self.results.get((s, t))
             if result:
@@ -201,6 +207,12 @@ class MemoryStore:
 
     async def add_spent(self, agent: str, spend: Spend) -> None:
         self.spend[agent] = self.spend.get(agent, Spend()) + spend
+
+    async def note_children(self, session_id: str, child_sessions: Sequence[str]) -> None:
+        self.keys.sweep()
+        if child_sessions:
+            self.children.setdefault(session_id, set()).update(child_sessions)
+            self._expire(keys.session_children(session_id), self._pop(self.children, session_id))
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
         self.keys.sweep()
