@@ -76,22 +76,20 @@ async def test_accept_queues_turns_in_arrival_order_once_each(
     assert await store.request(f"s-{uid}", second.turn_id) == second
 
 
-async def test_a_session_being_erased_accepts_no_turn_until_the_erasure_ends(
+async def test_a_session_being_erased_accepts_no_turn_while_the_erasure_holds_it(
     store: SessionStore, redis: Redis, uid: str
 ) -> None:
     request = turn(uid, 1)
-    mark = keys.session_erasing(request.session_id)
+    eraser = await take(store, request.session_id)
     if isinstance(store, MemoryStore):
-        store.erasing.add(request.session_id)
+        store.erasing[request.session_id] = eraser.token
     else:
-        await redis.set(mark, "7", px=60_000)
+        await redis.set(keys.session_erasing(request.session_id), eraser.token, px=60_000)
     assert (await store.accept(request)).status == "erasing"
     assert await store.head(request.session_id) is None
     assert await store.request(request.session_id, request.turn_id) is None
-    if isinstance(store, MemoryStore):
-        store.erasing.clear()
-    else:
-        await redis.delete(mark)
+    # an erasure whose lease is gone (its worker died) holds nothing back
+    await store.release(eraser)
     assert (await store.accept(request)).status == "start"
 
 

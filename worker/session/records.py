@@ -3,8 +3,9 @@ Redis: reads take no lease and never wait for a running turn; erasure is run by 
 once no turn of the session runs, under its lease (renewed while it works).
 
 Erasure first marks the session (``erasing``, in the script that checks the lease and that no
-turn is queued): from then on an accept writes nothing and the request comes back later, so
-no turn can be accepted into what is being deleted. It then deletes, by name, every key with
+turn is queued): while the mark's token is the session's lease (renewed by the sequencer) an
+accept writes nothing and the request comes back later, so no turn can be accepted into what
+is being deleted. It then deletes, by name, every key with
 the session's hash tag (state, history, queue, turns, requests, replies, each turn's result,
 controls and ``persist: false`` messages, the redaction mapping, the notes and their
 idempotency record, the list of child sessions, the fence, the lease), each batch in a script
@@ -16,7 +17,6 @@ nowhere in the session) and its entries in the list of calls waiting for a decis
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -35,9 +35,10 @@ from worker.session.handle import _bytes, _unpack
 SCAN_COUNT = 500
 ERASE_BATCH = 500
 """Keys per script or command of an erasure."""
-MARK_TTL_MS = 60_000
-"""How long an erasure's mark lives unless renewed (a worker that died erasing holds the
-session's accepts back this long at most; the redelivered ``session.delete`` starts again)."""
+MARK_TTL_MS = 600_000
+"""How long an erasure's mark lives, renewed by each batch deleted. It holds accepts back only
+while its token is the session's lease (a worker that dies erasing holds them back until its
+lease expires; the redelivered ``session.delete`` starts again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +163,7 @@ class SessionRecords:
             return None
         turn_ids = [_text(t) for t in await self.redis.hkeys(keys.session_turns(session_id))]
         children = [_text(c) for c in await self.redis.smembers(keys.session_children(session_id))]
-        outside = await self._tool_calls(session_id, token, set(turn_ids))
-        if outside is None:
-            return None
+        outside = await self._tool_calls(set(turn_ids))
         own = _own_keys(session_id, turn_ids)
         deleted = 0
         for start in range(0, len(own), ERASE_BATCH):
@@ -182,22 +181,12 @@ class SessionRecords:
         await self._clear_waiting(set(turn_ids))
         return Erased(deleted, tuple(sorted(children)))
 
-    async def _tool_calls(
-        self, session_id: str, token: int, turn_ids: set[str]
-    ) -> list[str] | None:
+    async def _tool_calls(self, turn_ids: set[str]) -> list[str]:
         """The tool-call idempotency records (and leases) of the session's turns: one pass over
-        the keyspace (a ``persist: false`` turn's calls are nowhere in the session), the
-        erasure's mark kept alive meanwhile; ``None`` when the lease or the mark was lost."""
-        found: list[str] = []
-        kept = time.monotonic()
-        keep = [keys.session_lease(session_id), keys.session_erasing(session_id)]
-        async for batch in self._scan(keys.tool_calls()):
-            found += [k for k in batch if keys.turn_of_tool_call(k) in turn_ids]
-            if time.monotonic() - kept > MARK_TTL_MS / 3000:
-                if int(await self._erase(keys=keep, args=[token, MARK_TTL_MS, "0"])) < 0:
-                    return None
-                kept = time.monotonic()
-        return found
+        the keyspace (a ``persist: false`` turn's calls are recorded nowhere in the session)."""
+        return [
+            k async for k in self._scan(keys.tool_calls()) if keys.turn_of_tool_call(k) in turn_ids
+        ]
 
     async def _clear_waiting(self, turn_ids: set[str]) -> None:
         """The session's entries in the fleet-wide list of calls waiting for a decision."""
@@ -210,14 +199,9 @@ class SessionRecords:
         for start in range(0, len(fields), ERASE_BATCH):
             await self.redis.hdel(waiting, *fields[start : start + ERASE_BATCH])
 
-    async def _scan(self, pattern: str) -> AsyncIterator[list[str]]:
-        """The keys matching ``pattern``, a batch for each ``SCAN``."""
-        cursor = 0
-        while True:
-            cursor, found = await self.redis.scan(cursor, match=_glob(pattern), count=SCAN_COUNT)
-            yield [_text(k) for k in found]
-            if not cursor:
-                return
+    async def _scan(self, pattern: str) -> AsyncIterator[str]:
+        async for key in self.redis.scan_iter(match=_glob(pattern), count=SCAN_COUNT):
+            yield _text(key)
 
     async def _results(self, session_id: str, turn_ids: list[str]) -> dict[str, TurnResult]:
         if not turn_ids:

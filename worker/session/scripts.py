@@ -118,15 +118,17 @@ if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting}
 """
 
-# KEYS: turns requests queue result replies erasing
+# KEYS: turns requests queue result replies erasing lease
 # ARGV: turn_id, request_blob, ttl_s, reply_to|'', now
-# While the session is being erased (``erasing`` exists) nothing is written: {'erasing'}.
+# While the session is erased (``erasing`` holds the token of the lease) nothing is written:
+# {'erasing'}.
 # A turn's status is 'queued <accepted at>' until it is 'done': a copy of it is announced with
 # the time the first was accepted.
 # The replies field of a turn lists every reply queue its copies named, space-separated (a
 # reply_to has no spaces): a copy published while the turn runs gets the result too.
 ACCEPT: Final = """
-if redis.call('EXISTS', KEYS[6]) == 1 then return {'erasing', ''} end
+local erasing = redis.call('GET', KEYS[6])
+if erasing and erasing == redis.call('GET', KEYS[7]) then return {'erasing', ''} end
 if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued ' .. ARGV[5]) == 0 then
   local res = redis.call('GET', KEYS[4])
   if res then return {'done', res} end
@@ -154,8 +156,8 @@ return {'queued', tostring(len - 1), ARGV[5]}
 """
 
 # Erasing a session, under its lease. KEYS: lease erasing queue ; ARGV: token, ttl_ms
-# -> 1: marked (accepts are refused until the erasure ends), 0: the lease is lost or a turn
-#    is queued (the erasure is judged again)
+# -> 1: marked (accepts are refused while the lease is the mark's), 0: the lease is lost or
+#    a turn is queued (the erasure is judged again)
 ERASE_MARK: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 if redis.call('LLEN', KEYS[3]) > 0 then return 0 end

@@ -13,6 +13,9 @@ Layout (keys from ``contracts.keys``, all under the session's hash tag):
   status of every turn it accepted, the requests of turns not yet started;
 - ``turn:<id>:result``: the stored ``TurnResult``.
 
+While a session is erased (``worker.session.records``: its ``erasing`` mark holds the token of
+its lease) an accept writes nothing and answers ``erasing``: the request comes back later.
+
 Every key of a session expires (``ttl_s``): the state, history, turns, requests and replies
 are renewed when a turn ends, the queue and replies when a turn is accepted (the queue is gone
 once empty); a ``persist: false`` turn's message list gets the same expiry when written and is
@@ -120,6 +123,7 @@ class RedisStore:
                 keys.turn_result(s, t),
                 keys.session_replies(s),
                 keys.session_erasing(s),
+                keys.session_lease(s),
             ]
             args: list[Any] = [t, encode(request), self.ttl_s, request.reply_to or "", now]
             index = keys.turn_session(t)

@@ -101,8 +101,9 @@ class MemoryStore:
         """Each agent's spend (one day: the memory store does not age it)."""
         self.children: dict[str, set[str]] = {}
         """The child sessions each session's turns started (``note_children``)."""
-        self.erasing: set[str] = set()
-        """Sessions being erased: their accepts are refused (``erasing``) meanwhile."""
+        self.erasing: dict[str, int] = {}
+        """Sessions being erased, with the erasure's lease token: while that lease is held,
+        their accepts are refused (``erasing``)."""
 
     # -- the session port ---------------------------------------------------------------
 
@@ -113,7 +114,8 @@ class MemoryStore:
         if t not in self.sessions_of:  # SET NX EX
             self.sessions_of[t] = s
             self.keys.expire(keys.turn_session(t), self.ttl_s, self._pop(self.sessions_of, t))
-        if s in self.erasing:
+        held = self.leases.get(s)
+        if held is not None and held[1] > self.clock() and self.erasing.get(s) == held[0]:
             return Accepted("erasing")
         if t in turns:
             result = self.results.get((s, t))
