@@ -119,7 +119,8 @@ def turn_controls(session_id: str, turn_id: str) -> str:
 
 def session_erasing(session_id: str) -> str:
     """String: the fencing token of the erasure under way (``session.delete``), with a TTL;
-    while it lives the session accepts no turn (the request comes back later)."""
+    while the session's lease holds that token it accepts no turn (the request comes back
+    later)."""
     return f"{PREFIX}:{{{session_id}}}:erasing"
 
 

@@ -4,10 +4,14 @@ are recorded with the parent (``tests.unit.world``, over a ``MemoryStore``)."""
 
 from __future__ import annotations
 
+import inspect
+
+from contracts import keys
 from contracts.state import ModelResponse
 from tests.unit.world import calls, last_user, request, says, tool_results, world
 from worker.actions import Busy, Start
 from worker.loop.ports import ModelRequest
+from worker.session.records import _own_keys
 
 
 async def test_a_request_sent_while_its_session_is_erased_comes_back_later() -> None:
@@ -46,3 +50,17 @@ async def test_the_child_sessions_of_a_parent_are_recorded_with_it_but_a_named_o
     assert w.result("T1").content == "done"
     derived = next(r.session_id for r in w.starts() if r.agent == "researcher")
     assert w.store.children == {"S1": {derived}}
+
+
+def test_an_erasure_names_every_key_a_session_has() -> None:
+    """Every key ``contracts.keys`` builds under a session's hash tag is deleted by name."""
+    session, turn_id = "s-erased", "t-erased"
+    named = set(_own_keys(session, [turn_id]))
+    named |= {keys.session_lease(session), keys.session_erasing(session)}  # the scripts' own
+    built = set()
+    for _, function in inspect.getmembers(keys, inspect.isfunction):
+        params = list(inspect.signature(function).parameters)
+        if params[:1] == ["session_id"]:
+            args = {"session_id": session, "turn_id": turn_id}
+            built.add(function(*(args[p] for p in params)))
+    assert built and built <= named, sorted(built - named)

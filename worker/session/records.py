@@ -5,14 +5,15 @@ once no turn of the session runs, under its lease (renewed while it works).
 Erasure first marks the session (``erasing``, in the script that checks the lease and that no
 turn is queued): while the mark's token is the session's lease (renewed by the sequencer) an
 accept writes nothing and the request comes back later, so no turn can be accepted into what
-is being deleted. It then deletes, by name, every key with
-the session's hash tag (state, history, queue, turns, requests, replies, each turn's result,
-controls and ``persist: false`` messages, the redaction mapping, the notes and their
-idempotency record, the list of child sessions, the fence, the lease), each batch in a script
-that checks the lease and the mark, and what its turns left outside it: each turn's session
-index, the tool-call idempotency records of its calls (``lw:toolcall:{<turn id>:<call id>}``,
-found by one ``SCAN`` of the tool-call keys: a ``persist: false`` turn's calls are recorded
-nowhere in the session) and its entries in the list of calls waiting for a decision.
+is being deleted. It then deletes, by name, every key with the session's hash tag (state,
+history, queue, turns, requests, replies, each turn's result, controls and ``persist: false``
+messages, the redaction mapping, the notes and their idempotency record, the list of child
+sessions, the fence, the lease), each batch in a script that checks the lease and the mark,
+and what its turns left outside it: each turn's session index, the tool-call idempotency
+records of its calls (``lw:toolcall:{<turn id>:<call id>}``, found by one ``SCAN`` of the
+tool-call keys: a ``persist: false`` turn's calls are recorded nowhere in the session) and its
+entries in the list of calls waiting for a decision. A key added under the session's hash tag
+is added to ``_own_keys`` (``tests/unit/test_erasure.py`` checks).
 """
 
 from __future__ import annotations
