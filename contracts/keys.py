@@ -72,10 +72,15 @@ def tool_call(idempotency_key: str) -> str:
     return f"{PREFIX}:toolcall:{{{idempotency_key}}}"
 
 
-def tool_calls_of_turn(turn_id: str) -> str:
-    """SCAN pattern (with a trailing ``*``) of every ``tool_call`` key, and its lease, of one
-    turn's calls (their idempotency keys are ``<turn_id>:<call id>``)."""
-    return f"{PREFIX}:toolcall:{{{turn_id}:*"
+def tool_calls() -> str:
+    """SCAN pattern (with a trailing ``*``) of every ``tool_call`` key, and its lease."""
+    return f"{PREFIX}:toolcall:{{*"
+
+
+def turn_of_tool_call(key: str) -> str:
+    """The turn id of a ``tool_call`` key or its lease (the idempotency keys of a turn's
+    calls are ``<turn_id>:<call id>``; a turn id holds no ``:``)."""
+    return key.removeprefix(f"{PREFIX}:toolcall:{{").split(":", 1)[0]
 
 
 def tool_registry() -> str:
@@ -111,6 +116,19 @@ def turn_controls(session_id: str, turn_id: str) -> str:
     """Hash of the control messages recorded for a turn (field ``cancel``: the
     ``TurnCancel``); read with the lease by every step, deleted when the turn ends."""
     return f"{PREFIX}:{{{session_id}}}:turn:{turn_id}:controls"
+
+
+def session_erasing(session_id: str) -> str:
+    """String: the fencing token of the erasure under way (``session.delete``), with a TTL;
+    while the session's lease holds that token it accepts no turn (the request comes back
+    later)."""
+    return f"{PREFIX}:{{{session_id}}}:erasing"
+
+
+def session_children(session_id: str) -> str:
+    """Set of the child sessions the session's turns started in sessions derived from it (not
+    the ones a profile names): deleted with the session when the session is."""
+    return f"{PREFIX}:{{{session_id}}}:children"
 
 
 def turn_session(turn_id: str) -> str:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
-from contracts.client import LoopwireClient
+from contracts.client import LoopwireClient, new_id
 from harness import CountingToolService, EventRecorder, WorkerProcess, run_past_a_crash
 from worker.testing.scripted_model import Reply, ScriptedModel
 
@@ -397,3 +398,35 @@ async def test_a_workflow_resumes_after_its_worker_dies_without_rerunning_a_node
     assert survivor.errors() == []
     assert result.content == "c(b(a(x)))"
     assert model.calls == {"a": 1, "b": 1, "c": 1}
+
+
+async def test_deleting_a_parent_session_deletes_its_child_sessions(
+    scripted_model: ScriptedModel,
+    client: LoopwireClient,
+    events: EventRecorder,
+    redis: Redis,
+    tmp_path: Path,
+) -> None:
+    def answer(body: dict[str, Any]) -> Reply:
+        return Reply.text(f"re: {last_user(body)}")
+
+    scripted_model.respond_with(ByAgent({"lead": lead, "researcher": answer, "writer": answer}))
+    session = new_id()
+    async with worker(scripted_model, agents_file(tmp_path, TEAM)) as w:
+        result = await client.run_turn("lead", "my card is 4111", session_id=session, timeout=30)
+        children = {
+            e.data.session_id  # type: ignore[union-attr]
+            for e in events.events
+            if e.type == "child.started" and e.turn_id == result.turn_id
+        }
+        assert len(children) == 2 and all([await client.sessions.get(c) for c in children])
+
+        assert await client.sessions.delete(session, by="test") > 0
+        await events.wait_for(
+            lambda evs: (
+                {e.session_id for e in evs if e.type == "session.deleted"} >= {session, *children}
+            )
+        )
+    assert w.errors() == []
+    for gone in (session, *children):
+        assert [k async for k in redis.scan_iter(match=f"*{{{gone}}}*")] == [], gone

@@ -76,6 +76,23 @@ async def test_accept_queues_turns_in_arrival_order_once_each(
     assert await store.request(f"s-{uid}", second.turn_id) == second
 
 
+async def test_a_session_being_erased_accepts_no_turn_while_the_erasure_holds_it(
+    store: SessionStore, redis: Redis, uid: str
+) -> None:
+    request = turn(uid, 1)
+    eraser = await take(store, request.session_id)
+    if isinstance(store, MemoryStore):
+        store.erasing[request.session_id] = eraser.token
+    else:
+        await redis.set(keys.session_erasing(request.session_id), eraser.token, px=60_000)
+    assert (await store.accept(request)).status == "erasing"
+    assert await store.head(request.session_id) is None
+    assert await store.request(request.session_id, request.turn_id) is None
+    # an erasure whose lease is gone (its worker died) holds nothing back
+    await store.release(eraser)
+    assert (await store.accept(request)).status == "start"
+
+
 async def test_a_finished_turn_names_the_next_and_is_answered_from_its_result(
     store: SessionStore, uid: str
 ) -> None:

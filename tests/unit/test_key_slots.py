@@ -29,6 +29,7 @@ from tool_services.sdk import CallContext
 from worker.model.ratelimit import RedisRateLimiter
 from worker.redaction.vault import RedisVault
 from worker.session.handle import SessionHandle
+from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,6 +133,28 @@ def _context(redis: Redis) -> CallContext:
     )
 
 
+class Marked(Recorder):
+    """A session with nothing in it whose erasure's mark was set (its first script passes)."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[0] == "EVALSHA" and not self.scripts:
+            self.scripts.append([])
+            return 1
+        if args[0] == "SCAN":
+            return 0, []
+        if args[0] in ("HKEYS", "SMEMBERS"):
+            return []
+        return await super().execute_command(*args, **options)
+
+
+async def _erase_keys(r: Recorder) -> None:
+    marked = Marked()
+    try:
+        await SessionRecords(marked).erase(SESSION, 7)
+    finally:
+        r.scripts = marked.scripts[1:]
+
+
 Case = Callable[[Recorder], Awaitable[Any]]
 
 
@@ -176,6 +199,8 @@ CASES: dict[str, tuple[str, Case]] = {
         "worker/session/store.py",
         lambda r: _store(r).end_queued(SESSION, TURN, _result()),
     ),
+    "ERASE_MARK": ("worker/session/records.py", lambda r: SessionRecords(r).erase(SESSION, 7)),
+    "ERASE_KEYS": ("worker/session/records.py", _erase_keys),
     "SAVE": ("worker/session/store.py", lambda r: _handle(r).save(_state(), result=_result())),
     "SAVE without a result": ("worker/session/store.py", lambda r: _handle(r).save(_state())),
     "ADMIT": (

@@ -14,6 +14,7 @@ from typing import Any
 from contracts.base import Contract
 from contracts.control import TurnCancel, TurnChildResult
 from contracts.messages import ChatMessage, ToolCall, Usage
+from contracts.sessions import SessionDelete
 from contracts.state import ModelResponse
 from contracts.tools import ToolDefinition
 from contracts.turns import InputMessage, TurnRequest, TurnResult
@@ -22,6 +23,7 @@ from worker.loop.ports import ModelRequest
 from worker.profiles.agents import AgentProfiles
 from worker.runtime.tracing import Tracing
 from worker.sequencing.actions import Action, Busy, Control, Delay, Drop, Reply, Start, Step
+from worker.sequencing.actions import Answer as SessionAnswer
 from worker.sequencing.sequencer import SessionSequencer
 from worker.testing.memory import FunctionTools, ListSink, MemoryStore, ToolFunction
 from worker.testing.sequencing import sequencer_over
@@ -93,6 +95,7 @@ class World:
     replies: list[TurnResult] = field(default_factory=list)
     delayed: list[Action] = field(default_factory=list)
     published: list[Action] = field(default_factory=list)
+    answered: list[SessionAnswer] = field(default_factory=list)
 
     async def run(self, request: TurnRequest, *, until_idle: bool = True) -> None:
         await self.drive([Start(request)])
@@ -112,6 +115,9 @@ class World:
                 continue
             if isinstance(action, Drop):
                 continue
+            if isinstance(action, SessionAnswer):
+                self.answered.append(action)
+                continue
             more = await self.handle(action)
             if any(isinstance(a, Busy) for a in more):
                 todo.append(action)
@@ -127,6 +133,8 @@ class World:
         message: Contract = action.message
         if isinstance(message, TurnChildResult):
             return await self.sequencer.on_child_result(message)
+        if isinstance(message, SessionDelete):
+            return await self.sequencer.on_session_delete(message)
         assert isinstance(message, TurnCancel)
         return await self.sequencer.on_cancel(message)
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts.control import TurnCancel, TurnChildResult
-from contracts.sessions import SessionReply
+from contracts.sessions import SessionDelete, SessionReply
 from contracts.state import ChildTurn
 from contracts.turns import FinishReason, TurnRequest, TurnResult
 from contracts.work import StepWork
@@ -52,9 +52,9 @@ class Start:
 @dataclass(frozen=True, slots=True)
 class Control:
     """Publish this control message to ``loopwire.turns``: a child's result to its parent, a
-    parent's cancel to its child."""
+    parent's cancel to its child, the deletion of a deleted session's child session."""
 
-    message: TurnCancel | TurnChildResult
+    message: TurnCancel | TurnChildResult | SessionDelete
 
 
 @dataclass(frozen=True, slots=True)

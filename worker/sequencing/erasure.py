@@ -3,23 +3,29 @@
 The session's unfinished turns are cancelled first, through the one cancel path: a queued
 turn ends at once, the running or parked one at its next step or lease renewal (each with its
 ``turn.cancelled`` event and its replies). Until none is left the message goes back to the
-delay queue (``Busy``) and is judged again: no worker waits. Then, under the session's lease
-(so that no step writes meanwhile), every record of the session is erased
-(``worker.session.records``), its session-scoped memories are forgotten where a memory store
-is configured, ``session.deleted`` is announced, and ``reply_to`` gets a ``SessionReply``.
-A session that does not exist is deleted as well: nothing is left of it either way.
+delay queue (``Busy``) and is judged again: no worker waits. Then, under the session's lease,
+renewed while it works (so that no step writes meanwhile), every record of the session is
+erased (``worker.session.records``: a turn request arriving meanwhile is told to come back
+later, and then starts the session anew), its session-scoped memories are forgotten where a
+memory store is configured, ``session.deleted`` is announced, a ``session.delete`` goes out
+for each child session its turns started in a session derived from it (not one a profile
+names), and ``reply_to`` gets a ``SessionReply``. A session that does not exist is deleted as
+well: nothing is left of it either way.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from contracts.control import TurnCancel
 from contracts.events import UNKNOWN, SessionDeleted, make_event
 from contracts.sessions import SessionDelete, SessionReply
+from contracts.turns import TurnRequest
 from worker.loop import EventSink
-from worker.sequencing.actions import Action, Answer, Busy
+from worker.loop.children import child_session_id
+from worker.sequencing.actions import Action, Answer, Busy, Control
+from worker.session.leases import LeaseKeeper
 from worker.session.port import SessionStore
 from worker.session.records import SessionRecords
 
@@ -33,6 +39,7 @@ class Erasure:
     """Mixed into ``SessionSequencer``: what it has that this uses."""
 
     store: SessionStore
+    leases: LeaseKeeper
     events: EventSink
     clock: Callable[[], float]
     records: SessionRecords | None
@@ -59,8 +66,17 @@ class Erasure:
         if session is None:
             return [Busy()]
         state = session.take_state()
-        deleted = await self.records.erase(session_id)  # the lease with it
-        session.released = True
+        self.leases.hold(session, f"erasure of {session_id}")
+        try:
+            erased = await self.records.erase(session_id, session.token)  # the lease with it
+            session.released = erased is not None
+        finally:
+            self.leases.drop(session)
+            if not session.released:
+                await self.store.release(session)
+        if erased is None:
+            return [Busy()]  # the lease was lost, or a turn came first: judged again
+        deleted = erased.deleted
         if self.forget is not None:
             await self.forget(session_id)
         event = make_event(
@@ -80,10 +96,26 @@ class Erasure:
         except Exception:
             log.exception("could not publish session.deleted for %s", session_id)
         log.info("session %s deleted (%d keys)", session_id, deleted)
+        children: list[Action] = [
+            Control(SessionDelete(session_id=child, reason=order.reason, by=order.by))
+            for child in erased.children
+        ]
         if order.reply_to is None:
-            return []
+            return children
         reply = SessionReply(ok=True, deleted_keys=deleted)
-        return [Answer(order.reply_to, delete_correlation(session_id), reply)]
+        return [*children, Answer(order.reply_to, delete_correlation(session_id), reply)]
+
+    async def note_children(self, session_id: str, requests: Sequence[TurnRequest]) -> None:
+        """Record the sessions derived from ``session_id`` that ``requests`` start children in
+        (a session a profile names is the caller's: not deleted with this one)."""
+        derived = [
+            r.session_id
+            for r in requests
+            if r.parent is not None
+            and r.session_id
+            == child_session_id(r.parent.session_id, r.parent.turn_id, r.parent.call_id)
+        ]
+        await self.store.note_children(session_id, derived)
 
 
 def delete_correlation(session_id: str) -> str:

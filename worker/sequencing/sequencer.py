@@ -121,6 +121,8 @@ class SessionSequencer(Controls, Erasure):
                 "are unique across sessions)",
                 code="turn_id_in_use",
             )
+        if accepted.status == "erasing":
+            return [Busy()]  # the session is being deleted: the request comes back after
         if accepted.status == "done":
             assert accepted.result is not None
             # announced again too (the same event, the same bytes), so the copy's publisher
@@ -208,6 +210,7 @@ class SessionSequencer(Controls, Erasure):
             if timer is not None:
                 timer.cancel()
         if isinstance(outcome, Waiting):
+            await self.note_children(work.session_id, outcome.start)
             return self._waiting(outcome, work, session)
         if ready.waited:
             await self.store.clear_approvals(work.turn_id, ready.waited)

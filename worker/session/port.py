@@ -27,7 +27,7 @@ from worker.loop.approvals import waiting_list
 from worker.loop.ports import StateStore
 from worker.loop.turn import turn_of
 
-AcceptStatus = Literal["start", "queued", "pending", "done", "in_use"]
+AcceptStatus = Literal["start", "queued", "pending", "done", "in_use", "erasing"]
 ControlStatus = Literal["recorded", "again", "finished", "unknown"]
 """What recording a control message found: ``again`` is a copy of one recorded before (still
 applied: the first copy's worker may have died before it could)."""
@@ -63,7 +63,8 @@ class Opening:
 class Accepted:
     """What ``accept`` found: ``start`` (run it now), ``queued`` (behind others),
     ``pending`` (a duplicate of a turn not finished), ``done`` (a duplicate; ``result``),
-    ``in_use`` (another session accepted this turn id: refused, nothing recorded)."""
+    ``in_use`` (another session accepted this turn id: refused, nothing recorded), or
+    ``erasing`` (the session is being deleted: nothing was written, ask again later)."""
 
     status: AcceptStatus
     result: TurnResult | None = None
@@ -132,6 +133,10 @@ class SessionStore(Protocol):
     ) -> Recorded:
         """Record a control message of a turn once under ``field`` (``cancel``,
         ``decision:<call id>``, ``child:<call id>``); read back by ``take`` with the lease."""
+        ...
+
+    async def note_children(self, session_id: str, child_sessions: Sequence[str]) -> None:
+        """Record sessions the session's turns started children in (deleted with it)."""
         ...
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:

@@ -1,19 +1,28 @@
 """A session's records read and erased as a resource (``contracts.sessions``), straight from
 Redis: reads take no lease and never wait for a running turn; erasure is run by the sequencer
-once no turn of the session runs, under its lease.
+once no turn of the session runs, under its lease (renewed while it works).
 
-Erasure deletes every key with the session's hash tag (state, history, results, queue,
-requests, replies, controls, the redaction mapping, the notes and their idempotency record,
-the lease), and what its turns left outside it: each turn's session index, the
-tool-call idempotency records of its calls (``lw:toolcall:{<turn id>:<call id>}``) and its
-entries in the list of calls waiting for a decision. The fence (a bare counter, no user data)
-stays, with its expiry (``ttl_s`` from the lease the erasure ran under): a worker that still
-holds a token from before the erasure can never write to the session started after it.
+Erasure first marks the session (``erasing``, in the script that checks the lease and that no
+turn is queued): while the mark's token is the session's lease (renewed by the sequencer) an
+accept writes nothing and the request comes back later, so no turn can be accepted into what
+is being deleted. It then deletes, by name, every key with the session's hash tag (state,
+history, queue, turns, requests, replies, each turn's result, controls and ``persist: false``
+messages, the redaction mapping, the notes and their idempotency record, the list of child
+sessions, the lease), each batch in a script that checks the lease and the mark,
+and what its turns left outside it: each turn's session index, the tool-call idempotency
+records of its calls (``lw:toolcall:{<turn id>:<call id>}``, found by one ``SCAN`` of the
+tool-call keys: a ``persist: false`` turn's calls are recorded nowhere in the session) and its
+entries in the list of calls waiting for a decision. A key added under the session's hash tag
+is added to ``_own_keys`` (``tests/unit/test_erasure.py`` checks).
+The fence (a bare counter, no user data) stays, with its expiry (``ttl_s`` from the lease the
+erasure ran under): a worker that still holds a token from before the erasure can never write
+to the session started after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
@@ -24,14 +33,31 @@ from contracts.sessions import SessionSummary, TurnInfo, TurnStatus
 from contracts.state import AgentState
 from contracts.turns import TurnResult
 from worker.loop.transcript import StoredMessages
+from worker.session import scripts
 from worker.session.blobs import _bytes, _unpack
 
 SCAN_COUNT = 500
+ERASE_BATCH = 500
+"""Keys per script or command of an erasure."""
+MARK_TTL_MS = 600_000
+"""How long an erasure's mark lives, renewed by each batch deleted. It holds accepts back only
+while its token is the session's lease (a worker that dies erasing holds them back until its
+lease expires; the redelivered ``session.delete`` starts again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Erased:
+    deleted: int
+    """Keys deleted."""
+    children: tuple[str, ...]
+    """The child sessions the session's turns started (each to be deleted in turn)."""
 
 
 class SessionRecords:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
+        self._mark = redis.register_script(scripts.ERASE_MARK)
+        self._erase = redis.register_script(scripts.ERASE_KEYS)
 
     async def state(self, session_id: str) -> AgentState | None:
         blob = await self.redis.hget(keys.session_state(session_id), "s")
@@ -132,29 +158,50 @@ class SessionRecords:
         """The session's turns not finished yet, the running one first."""
         return [_text(t) for t in await self.redis.lrange(keys.session_queue(session_id), 0, -1)]
 
-    async def erase(self, session_id: str) -> int:
-        """Delete everything of the session; the number of keys deleted."""
+    async def erase(self, session_id: str, token: int) -> Erased | None:
+        """Delete everything of the session under its lease (``token``, renewed by the caller
+        meanwhile); ``None`` when the lease was lost or a turn is queued (judged again)."""
+        lease, mark = keys.session_lease(session_id), keys.session_erasing(session_id)
+        queue = keys.session_queue(session_id)
+        if not await self._mark(keys=[lease, mark, queue], args=[token, MARK_TTL_MS]):
+            return None
         turn_ids = [_text(t) for t in await self.redis.hkeys(keys.session_turns(session_id))]
-        doomed: list[str] = []
-        fence = keys.session_fence(session_id)  # kept: tokens never go back
-        async for key in self._scan(f"{keys.PREFIX}:{{{session_id}}}:*"):
-            if key != fence:
-                doomed.append(key)
-        for turn_id in turn_ids:
-            doomed.append(keys.turn_session(turn_id))
-            async for key in self._scan(keys.tool_calls_of_turn(turn_id)):
-                doomed.append(key)
+        children = [_text(c) for c in await self.redis.smembers(keys.session_children(session_id))]
+        outside = await self._tool_calls(set(turn_ids))
+        own = _own_keys(session_id, turn_ids)
         deleted = 0
-        for start in range(0, len(doomed), SCAN_COUNT):
-            deleted += int(await self.redis.unlink(*doomed[start : start + SCAN_COUNT]))
+        for start in range(0, len(own), ERASE_BATCH):
+            last = "1" if start + ERASE_BATCH >= len(own) else "0"
+            batch = own[start : start + ERASE_BATCH]
+            n = int(await self._erase(keys=[lease, mark, *batch], args=[token, MARK_TTL_MS, last]))
+            if n < 0:
+                return None
+            deleted += n
+        # what the session's finished turns left outside its hash tag: nothing writes to it
+        # any more
+        outside += [keys.turn_session(t) for t in turn_ids]
+        for start in range(0, len(outside), ERASE_BATCH):
+            deleted += int(await self.redis.unlink(*outside[start : start + ERASE_BATCH]))
+        await self._clear_waiting(set(turn_ids))
+        return Erased(deleted, tuple(sorted(children)))
+
+    async def _tool_calls(self, turn_ids: set[str]) -> list[str]:
+        """The tool-call idempotency records (and leases) of the session's turns: one pass over
+        the keyspace (a ``persist: false`` turn's calls are recorded nowhere in the session)."""
+        return [
+            k async for k in self._scan(keys.tool_calls()) if keys.turn_of_tool_call(k) in turn_ids
+        ]
+
+    async def _clear_waiting(self, turn_ids: set[str]) -> None:
+        """The session's entries in the fleet-wide list of calls waiting for a decision."""
         waiting = keys.approvals_waiting()
-        for turn_id in turn_ids:
-            fields = [
-                _text(f) async for f, _ in self.redis.hscan_iter(waiting, match=f"{turn_id}:*")
-            ]
-            if fields:
-                await self.redis.hdel(waiting, *fields)
-        return deleted
+        fields = [
+            _text(f)
+            async for f, _ in self.redis.hscan_iter(waiting, count=SCAN_COUNT)
+            if _text(f).split(":", 1)[0] in turn_ids
+        ]
+        for start in range(0, len(fields), ERASE_BATCH):
+            await self.redis.hdel(waiting, *fields[start : start + ERASE_BATCH])
 
     async def _scan(self, pattern: str) -> AsyncIterator[str]:
         async for key in self.redis.scan_iter(match=_glob(pattern), count=SCAN_COUNT):
@@ -168,6 +215,31 @@ class SessionRecords:
                 pipe.get(keys.turn_result(session_id, turn_id))
             blobs = await pipe.execute()
         return {t: decode(_bytes(b), TurnResult) for t, b in zip(turn_ids, blobs, strict=True) if b}
+
+
+def _own_keys(session_id: str, turn_ids: list[str]) -> list[str]:
+    """Every key of the session under its hash tag, by name, but its lease, its fence and the
+    erasure's mark: each turn's first, the turns hash last (a retry finds the turns again)."""
+    found: list[str] = []
+    for turn_id in turn_ids:
+        found += [
+            keys.turn_result(session_id, turn_id),
+            keys.turn_controls(session_id, turn_id),
+            keys.turn_transient(session_id, turn_id),
+        ]
+    return [
+        *found,
+        keys.session_state(session_id),
+        keys.session_history(session_id),
+        keys.session_queue(session_id),
+        keys.session_requests(session_id),
+        keys.session_replies(session_id),
+        keys.redaction_map(session_id),
+        keys.session_notes(session_id),
+        keys.session_notes_filed(session_id),
+        keys.session_children(session_id),
+        keys.session_turns(session_id),
+    ]
 
 
 def _glob(pattern: str) -> str:

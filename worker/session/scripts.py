@@ -144,8 +144,10 @@ if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting, cancel or ''}
 """)
 
-# KEYS: turns requests queue result replies state history fence [index]
+# KEYS: turns requests queue result replies state history fence erasing lease [index]
 # ARGV: turn_id, request_blob, ttl_s, reply_to|'', now, session_id
+# While the session is erased (``erasing`` holds the token of the lease) nothing is written:
+# {'erasing'}.
 # A turn's status is 'queued <accepted at>' until it is 'done': a copy of it is announced with
 # the time the first was accepted.
 # The replies field of a turn lists every reply queue its copies named, space-separated (a
@@ -154,10 +156,12 @@ return {v + 1, head, replies, waiting, cancel or ''}
 # slot and ``CLAIM`` writes it first): a turn id another session accepted is refused,
 # {'in_use'}, and nothing is written.
 ACCEPT: Final = _keeping("""
-if KEYS[9] then
-  local owner = redis.call('GET', KEYS[9])
+local erasing = redis.call('GET', KEYS[9])
+if erasing and erasing == redis.call('GET', KEYS[10]) then return {'erasing', ''} end
+if KEYS[11] then
+  local owner = redis.call('GET', KEYS[11])
   if owner and owner ~= ARGV[6] then return {'in_use', ''} end
-  if not owner then redis.call('SET', KEYS[9], ARGV[6], 'EX', ARGV[3]) end
+  if not owner then redis.call('SET', KEYS[11], ARGV[6], 'EX', ARGV[3]) end
 end
 if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued ' .. ARGV[5]) == 0 then
   local res = redis.call('GET', KEYS[4])
@@ -190,6 +194,33 @@ local owner = redis.call('GET', KEYS[1])
 if owner then return owner == ARGV[1] and 1 or 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 1
+"""
+
+# Erasing a session, under its lease. KEYS: lease erasing queue ; ARGV: token, ttl_ms
+# -> 1: marked (accepts are refused while the lease is the mark's), 0: the lease is lost or
+#    a turn is queued (the erasure is judged again)
+ERASE_MARK: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('LLEN', KEYS[3]) > 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: lease erasing key... (all of one session) ; ARGV: token, ttl_ms, last (0/1)
+# -> the number of keys deleted, or -1 when the lease or the mark is lost. ``last``: the mark
+#    and the lease go too (the lease counted as deleted).
+ERASE_KEYS: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return -1 end
+local n = 0
+if #KEYS > 2 then n = redis.call('UNLINK', unpack(KEYS, 3)) end
+if ARGV[3] == '1' then
+  redis.call('DEL', KEYS[2])
+  n = n + redis.call('DEL', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return n
 """
 
 # Fleet-wide model rate limits, GCRA: each key holds its limit's theoretical arrival time (ms);

@@ -13,6 +13,9 @@ Layout (keys from ``contracts.keys``, all under the session's hash tag):
   status of every turn it accepted, the requests of turns not yet started;
 - ``turn:<id>:result``: the stored ``TurnResult``.
 
+While a session is erased (``worker.session.records``: its ``erasing`` mark holds the token of
+its lease) an accept writes nothing and answers ``erasing``: the request comes back later.
+
 Every key of a session expires; ``ttl_s`` is the session's idle lifetime. Accepting a turn,
 taking or renewing the lease, recording a control message and every save keep each key of the
 session they name (state, history, fence, queue, turns, requests, replies, the turn's controls
@@ -139,6 +142,8 @@ class RedisStore:
                 keys.session_state(s),
                 keys.session_history(s),
                 keys.session_fence(s),
+                keys.session_erasing(s),
+                keys.session_lease(s),
             ]
             args: list[Any] = [t, encode(request), self.ttl_s, request.reply_to or "", now, s]
             index = keys.turn_session(t)
@@ -228,6 +233,15 @@ class RedisStore:
                 pipe.hincrbyfloat(key, "wall_s", spend.wall_s)
                 pipe.expire(key, 2 * 24 * 3600)
                 await pipe.execute()
+
+    async def note_children(self, session_id: str, child_sessions: Sequence[str]) -> None:
+        if child_sessions:
+            key = keys.session_children(session_id)
+            with self.timed("write"):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.sadd(key, *child_sessions)
+                    pipe.expire(key, self.ttl_s)
+                    await pipe.execute()
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
         """The entries are listed until their ``until`` (read past it, an entry is dropped);
@@ -380,6 +394,8 @@ def _accepted(status: bytes | str, payload: Any, at: list[Any]) -> Accepted:
         return Accepted("queued", ahead=int(payload), accepted_at=accepted_at)
     if status == "in_use":
         return Accepted("in_use")
+    if status == "erasing":
+        return Accepted("erasing")
     return Accepted("start" if status == "start" else "pending", accepted_at=accepted_at)
 
 

@@ -105,12 +105,20 @@ class MemoryStore:
         self.waiting_approvals: dict[str, ApprovalRequest] = {}
         self.spend: dict[str, Spend] = {}
         """Each agent's spend (one day: the memory store does not age it)."""
+        self.children: dict[str, set[str]] = {}
+        """The child sessions each session's turns started (``note_children``)."""
+        self.erasing: dict[str, int] = {}
+        """Sessions being erased, with the erasure's lease token: while that lease is held,
+        their accepts are refused (``erasing``)."""
 
     # -- the session port ---------------------------------------------------------------
 
     async def accept(self, request: TurnRequest) -> Accepted:
         self.keys.sweep()
         s, t = request.session_id, request.turn_id
+        held = self.leases.get(s)
+        if held is not None and held[1] > self.clock() and self.erasing.get(s) == held[0]:
+            return Accepted("erasing")
         if t not in self.sessions_of:  # SET NX EX
             self.sessions_of[t] = s
             self.keys.expire(keys.turn_session(t), self.ttl_s, self._pop(self.sessions_of, t))
@@ -214,6 +222,12 @@ class MemoryStore:
 
     async def add_spent(self, agent: str, spend: Spend) -> None:
         self.spend[agent] = self.spend.get(agent, Spend()) + spend
+
+    async def note_children(self, session_id: str, child_sessions: Sequence[str]) -> None:
+        self.keys.sweep()
+        if child_sessions:
+            self.children.setdefault(session_id, set()).update(child_sessions)
+            self._expire(keys.session_children(session_id), self._pop(self.children, session_id))
 
     async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
         self.keys.sweep()

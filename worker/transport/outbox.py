@@ -1,9 +1,10 @@
 """What the sequencer asks to publish, on the wire: the next step, a reply to a publisher, a
-parked turn's timeout through the wait queues, a child turn's request, and the control
-messages between parents and children. Every publish is confirmed (``Publisher``); the
-consumer acks the work message only after all of them. Turn work carries ``user_id`` = the
-worker's own AMQP user (``user``), validated by RabbitMQ: what vouches for a child's request
-and a child's result (``worker.transport.consumer``)."""
+parked turn's timeout through the wait queues, a child turn's request, the control
+messages between parents and children, and the deletion of a deleted session's children.
+Every publish is confirmed (``Publisher``); the consumer acks the work message only after all
+of them. Turn work carries ``user_id`` = the worker's own AMQP user (``user``), validated by
+RabbitMQ: what vouches for a child's request and a child's result
+(``worker.transport.consumer``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from contracts.base import Contract
 from contracts.codec import encode
 from contracts.control import TurnChildResult
 from contracts.runtime.tracing import TRACEPARENT, TRACESTATE
+from contracts.sessions import SessionDelete
 from contracts.work import StepWork
 from worker.sequencing.actions import Answer, Control, Delay, Reply, Start, Step
 from worker.transport.publish import Publisher, properties
@@ -64,7 +66,8 @@ class Outbox:
         await self._work(work, t.TURNS_QUEUE, t.KIND_STEP, f"{work.turn_id}:{work.step}")
 
     async def publish_turn_message(self, action: Start | Control) -> None:
-        """A child turn's request, a child's result for its parent, a cancel for a child."""
+        """A child turn's request, a child's result for its parent, a cancel for a child, the
+        deletion of a child session."""
         body: Contract
         trace: dict[str, str] = {}
         if isinstance(action, Start):
@@ -77,6 +80,9 @@ class Outbox:
             message = action.message
             body, kind = message, t.KIND_CHILD_RESULT
             message_id = f"{message.parent.turn_id}:{message.parent.call_id}:result"
+        elif isinstance(action.message, SessionDelete):
+            body, kind = action.message, t.KIND_SESSION_DELETE
+            message_id = f"{action.message.session_id}:delete"
         else:
             body, kind = action.message, t.KIND_CANCEL
             message_id = f"{action.message.turn_id}:cancel"

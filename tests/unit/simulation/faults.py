@@ -27,6 +27,7 @@ WRITES = frozenset(
         "release",
         "add_spent",
         "note_approvals",
+        "note_children",
         "clear_approvals",
         "save",
         "list_waiting",
