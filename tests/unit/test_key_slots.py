@@ -171,7 +171,9 @@ def _on_a_cluster(r: Recorder, *answers: Any) -> RedisStore:
 
 
 def _handle(r: Recorder) -> SessionHandle:
-    return SessionHandle(_store(r), SESSION, 7, _state(), None, [b""])
+    """A step's handle as it runs on a Redis Cluster (on one Redis the save script also renews
+    the turn's session index, in another slot: one Redis takes that)."""
+    return SessionHandle(_on_a_cluster(r), SESSION, 7, _state(), None, [b""])
 
 
 def _calls(r: Recorder) -> CallStore:

@@ -33,6 +33,7 @@ class HandleStore(SessionStore, Protocol):
 
     redis: Redis
     ttl_s: int
+    cluster: bool
     clock: Callable[[], float]
     _save: AsyncScript
 
@@ -202,9 +203,8 @@ class SessionHandle:
         result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
         try:
             with self.store.timed("save"):
-                # a save that ends a turn, or keeps it longer than the idle lifetime (a park),
-                # gives the turn's session index the same expiry
-                renew = result is not None or lifetime > self.store.ttl_s
+                # every save of a turn gives its session index the expiry it gives the
+                # session's keys: the turn keeps its id as long as it lives
                 version, head, replies, waiting, cancel = await self._write(
                     [
                         keys.session_lease(sid),
@@ -221,7 +221,7 @@ class SessionHandle:
                         keys.session_history(sid),
                     ],
                     args,
-                    (keys.turn_session(turn_id), lifetime) if renew and turn_id else None,
+                    (keys.turn_session(turn_id), lifetime) if turn_id else None,
                 )
         except ResponseError as exc:
             if "STALE" in str(exc):
@@ -254,13 +254,17 @@ class SessionHandle:
     async def _write(
         self, script_keys: list[str], args: list[Any], index: tuple[str, int] | None
     ) -> Any:
-        """The save script's reply; with ``index`` (the turn's session index and its expiry in
-        seconds), that expiry is set beside it, in the same round trip."""
+        """The save script's reply; with ``index`` (the turn's session index and the lifetime
+        the save gives the session's keys), the index is given twice that: by the script itself
+        on one Redis (one script takes keys of any slot there), beside it in the same round
+        trip on a cluster. So the index outlives every key of its turn."""
         if index is None:
             return await self.store._save(keys=script_keys, args=args)
         key, ttl = index
+        if not self.store.cluster:
+            return await self.store._save(keys=[*script_keys, key], args=args)
         return await self.store.beside(
-            self.store._save, script_keys, args, lambda r: r.expire(key, ttl)
+            self.store._save, script_keys, args, lambda r: r.expire(key, 2 * ttl)
         )
 
 

@@ -60,8 +60,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 return 0
 """)
 
-# Record a control message of a turn once (field 'cancel', or 'decision:<call id>').
-# KEYS: turns controls ; ARGV: turn_id, field, blob, ttl_s
+# Record a control message of a turn once (field 'cancel', or 'decision:<call id>'); the
+# session's keys live at least ``ttl_s`` more (a control message is activity of the session).
+# KEYS: turns controls state history fence queue requests replies ; ARGV: turn_id, field, blob,
+#       ttl_s
 # -> {'unknown'} (never accepted), {'finished'}, or {'recorded' | 'again' (a copy), parked}:
 #    ``parked`` is the step the turn is parked at ('' when it is not parked)
 CONTROL: Final = _keeping("""
@@ -69,7 +71,7 @@ local status = redis.call('HGET', KEYS[1], ARGV[1])
 if not status then return {'unknown'} end
 if status == 'done' then return {'finished'} end
 local new = redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
-keep(ARGV[4], 1, 2)
+keep(ARGV[4], 1, 8)
 local parked = redis.call('HGET', KEYS[2], 'parked') or ''
 if new == 1 then return {'recorded', parked} end
 return {'again', parked}
@@ -97,6 +99,8 @@ return 0
 """
 
 # KEYS: lease state list result turns queue requests transient replies controls fence history
+#       [index: the turn's session index, given twice the session's expiry (on one Redis; on a
+#       cluster it is renewed beside the script)]
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
 #       parked, n, msg...
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
@@ -140,6 +144,7 @@ if ARGV[6] ~= '' then
 else
   keep(ARGV[5], 2, 12)
 end
+if KEYS[13] then redis.call('EXPIRE', KEYS[13], 2 * ARGV[5]) end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting, cancel or ''}
 """)
@@ -161,7 +166,8 @@ if erasing and erasing == redis.call('GET', KEYS[10]) then return {'erasing', ''
 if KEYS[11] then
   local owner = redis.call('GET', KEYS[11])
   if owner and owner ~= ARGV[6] then return {'in_use', ''} end
-  if not owner then redis.call('SET', KEYS[11], ARGV[6], 'EX', ARGV[3]) end
+  if not owner then redis.call('SET', KEYS[11], ARGV[6], 'EX', 2 * ARGV[3]) end
+  keep(2 * ARGV[3], 11, 11)
 end
 if redis.call('HSETNX', KEYS[1], ARGV[1], 'queued ' .. ARGV[5]) == 0 then
   local res = redis.call('GET', KEYS[4])
@@ -187,14 +193,16 @@ return {'queued', tostring(len - 1), ARGV[5]}
 """)
 
 # A turn id's session index, claimed for a session before its accept (on a Redis Cluster,
-# where the index is in another slot than the session's keys).
+# where the index is in another slot than the session's keys), and kept alive twice the
+# session's lifetime: the index outlives every key of its turn.
 # KEYS: index ; ARGV: session_id, ttl_s -> 1 (the session's: claimed now or before), 0 (another's)
-CLAIM: Final = """
+CLAIM: Final = _keeping("""
 local owner = redis.call('GET', KEYS[1])
-if owner then return owner == ARGV[1] and 1 or 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+if owner and owner ~= ARGV[1] then return 0 end
+if not owner then redis.call('SET', KEYS[1], ARGV[1], 'EX', 2 * ARGV[2]) end
+keep(2 * ARGV[2], 1, 1)
 return 1
-"""
+""")
 
 # Erasing a session, under its lease. KEYS: lease erasing queue ; ARGV: token, ttl_ms
 # -> 1: marked (accepts are refused while the lease is the mark's), 0: the lease is lost or

@@ -26,7 +26,7 @@ turn's result (its controls and ``persist: false`` messages are deleted then). S
 a live turn outlives it, and an idle session is gone ``ttl_s`` after its last activity. The
 results of earlier turns each expire ``ttl_s`` after their own turn's end. A turn's session
 index (outside the hash tag) is written with ``ttl_s`` when the turn is accepted, and a save
-that parks or ends the turn gives it the expiry it gives the session's keys.
+of the turn gives it the expiry it gives the session's keys.
 
 Every write is one Lua script that first checks the caller still holds the
 lease (its token) and that the state's version is the one it loaded, so a
@@ -37,12 +37,12 @@ a step's last save also lets go of the lease (``release``), so a step costs thre
 lease, model answer, step. Messages are decoded in one batch.
 
 A turn id belongs to the first session that accepts it for as long as the turn's session index
-lives (``ttl_s`` from that accept, renewed by a save that parks or ends the turn; deleting the
+lives (``ttl_s`` from that accept, renewed by every save of the turn; deleting the
 session frees it): another session's request with that id is refused (``Accepted("in_use")``)
 and writes nothing. On one Redis the accept script checks and writes the index itself; on a
 Redis Cluster (``contracts.runtime.redis_client``) every script's keys share the session's hash
 tag, and the index, outside it, is claimed by a script of its own first (of two sessions racing
-on one id only one gets it); a save that parks or ends a turn renews the index beside its
+on one id only one gets it); on a cluster every save of a turn renews the index beside its
 script at the same time (redis-py's cluster pipeline carries no scripts).
 """
 
@@ -201,7 +201,16 @@ class RedisStore:
     ) -> Recorded:
         with self.timed("control"):
             status, *parked = await self._control(
-                keys=[keys.session_turns(session_id), keys.turn_controls(session_id, turn_id)],
+                keys=[
+                    keys.session_turns(session_id),
+                    keys.turn_controls(session_id, turn_id),
+                    keys.session_state(session_id),
+                    keys.session_history(session_id),
+                    keys.session_fence(session_id),
+                    keys.session_queue(session_id),
+                    keys.session_requests(session_id),
+                    keys.session_replies(session_id),
+                ],
                 args=[turn_id, field, encode(control), self.ttl_s],
             )
         at = _bytes(parked[0]).decode() if parked else ""

@@ -19,6 +19,8 @@ class Keyspace:
         self.expires: dict[str, float | None] = {}
         """Every live key: when it expires (``None``: never)."""
         self._drops: dict[str, Callable[[], None]] = {}
+        self.renewed: dict[str, float] = {}
+        """When each key's expiry was last set or put off."""
 
     def written(self, key: str, drop: Callable[[], None]) -> None:
         """``key`` was written: it exists (its expiry, if it had one, is kept)."""
@@ -31,6 +33,7 @@ class Keyspace:
             self._drops[key] = drop
         if key in self._drops:
             self.expires[key] = self.clock() + ttl_s
+            self.renewed[key] = self.clock()
 
     def extend(self, key: str, ttl_s: float) -> None:
         """``EXPIRE key ttl_s NX`` then ``GT``: a key without expiry gets one, a sooner one is
@@ -38,11 +41,13 @@ class Keyspace:
         if key in self._drops:
             at, now = self.expires.get(key), self.clock() + ttl_s
             self.expires[key] = now if at is None else max(at, now)
+            self.renewed[key] = self.clock()
 
     def deleted(self, key: str) -> None:
         """``key`` is gone (deleted, or emptied: Redis drops an empty hash or list)."""
         self.expires.pop(key, None)
         self._drops.pop(key, None)
+        self.renewed.pop(key, None)
 
     def sweep(self) -> list[str]:
         """Delete every key whose time has passed; the names of those deleted."""
@@ -51,6 +56,7 @@ class Keyspace:
         for key in gone:
             drop = self._drops.pop(key)
             del self.expires[key]
+            self.renewed.pop(key, None)
             drop()
         return gone
 

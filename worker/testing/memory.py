@@ -119,11 +119,12 @@ class MemoryStore:
         held = self.leases.get(s)
         if held is not None and held[1] > self.clock() and self.erasing.get(s) == held[0]:
             return Accepted("erasing")
-        if t not in self.sessions_of:  # SET NX EX
+        if t not in self.sessions_of:  # SET NX EX, twice the session's lifetime
             self.sessions_of[t] = s
-            self.keys.expire(keys.turn_session(t), self.ttl_s, self._pop(self.sessions_of, t))
+            self.keys.expire(keys.turn_session(t), 2 * self.ttl_s, self._pop(self.sessions_of, t))
         elif self.sessions_of[t] != s:
             return Accepted("in_use")
+        self.keys.extend(keys.turn_session(t), 2 * self.ttl_s)
         turns = self.turns.setdefault(s, {})
         if t in turns:
             result = self.results.get((s, t))
@@ -211,10 +212,11 @@ class MemoryStore:
         at = parked if isinstance(parked, int) else None
         if field in controls:
             self._expire_controls(key)
+            self._keep(self.ttl_s, self._kept(session_id))
             return Recorded("again", at)
         controls[field] = control
         self._expire_controls(key)
-        self._keep(self.ttl_s, [keys.session_turns(session_id)])
+        self._keep(self.ttl_s, self._kept(session_id))
         return Recorded("recorded", at)
 
     async def spent_today(self, agent: str) -> Spend:
@@ -357,14 +359,14 @@ class MemoryStore:
         else:
             lifetime = self._lifetime(state)
             self._keep(lifetime, self._kept(sid, turn_id))
-            if lifetime > self.ttl_s:
-                self._index_lives(turn_id, lifetime)
+            self._index_lives(turn_id, lifetime)
         return saved, head
 
     def _index_lives(self, turn_id: str, lifetime: float) -> None:
-        """``EXPIRE`` of the turn's session index, beside a save that ends or parks the turn."""
+        """``EXPIRE`` of the turn's session index, with every save of the turn: twice the
+        lifetime the save gives the session's keys (the index outlives every key of its turn)."""
         if turn_id:
-            self.keys.expire(keys.turn_session(turn_id), lifetime)
+            self.keys.expire(keys.turn_session(turn_id), 2 * lifetime)
 
     def _append(self, sid: str, transient: str | None, append: Sequence[ChatMessage]) -> None:
         """The messages on the session's history, or on a ``persist: false`` turn's list."""

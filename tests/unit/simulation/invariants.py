@@ -211,7 +211,7 @@ def _cancels_applied(world: World, record: Record) -> list[str]:
 def _approvals(world: World, record: Record) -> list[str]:
     """An approval's wait ends neither before its ``until`` nor after the turn's deadline."""
     broken = []
-    requests = {(r.session_id, r.turn_id): r for r in record.requests}
+    requests = _first_requests(record)
     until_of: dict[tuple[str | None, str | None, str], float] = {}
     for e in world.events.events:
         call = getattr(e.data, "call_id", "")
@@ -238,7 +238,7 @@ def _approvals(world: World, record: Record) -> list[str]:
 def _approved_children(world: World, record: Record) -> list[str]:
     """A sub-agent call under approval starts its child only once approved."""
     broken = []
-    requests = {(r.session_id, r.turn_id): r for r in record.requests}
+    requests = _first_requests(record)
     for e in world.events.events:
         if e.type == "child.started" and e.turn_id:
             call = getattr(e.data, "call_id", "")
@@ -247,6 +247,15 @@ def _approved_children(world: World, record: Record) -> list[str]:
             if request and request.agent == "boss" and (e.turn_id, call) not in record.approved:
                 broken.append(f"turn {parent}: child of {call} started without an approval")
     return broken
+
+
+def _first_requests(record: Record) -> dict[tuple[str, str], TurnRequest]:
+    """Each turn's request as it ran: the first published (a later one with its id is a copy,
+    whatever it says)."""
+    first: dict[tuple[str, str], TurnRequest] = {}
+    for r in record.requests:
+        first.setdefault((r.session_id, r.turn_id), r)
+    return first
 
 
 def _keys_expire(world: World, record: Record) -> list[str]:

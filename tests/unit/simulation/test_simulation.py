@@ -63,13 +63,20 @@ class Simulation(RuleBasedStateMachine):
         deadline=st.sampled_from((None, 5.0, 30.0, 120.0)),
     )
     def publish_turn(self, session: str, turn: str, agent: str, deadline: float | None) -> None:
-        request = TurnRequest(
-            turn_id=turn,
-            session_id=session,
-            agent=agent,
-            input=(InputMessage(content=f"question {turn}"),),
-            reply_to=f"client.{session}",
-            deadline=None if deadline is None else self.world.now + deadline,
+        """A turn request; a turn id this session used before is the publisher's retry of that
+        same request (another session may reuse the id for a turn of its own)."""
+        earlier = [r for r in self.record.requests if (r.session_id, r.turn_id) == (session, turn)]
+        request = (
+            earlier[0]
+            if earlier
+            else TurnRequest(
+                turn_id=turn,
+                session_id=session,
+                agent=agent,
+                input=(InputMessage(content=f"question {turn}"),),
+                reply_to=f"client.{session}",
+                deadline=None if deadline is None else self.world.now + deadline,
+            )
         )
         self.record.requests.append(request)
         self.world.publish_turn(request)
@@ -169,7 +176,7 @@ class Simulation(RuleBasedStateMachine):
     def duplicate(self, pick: int) -> None:
         """The broker (or a publisher's retry) delivers a message twice."""
         message = self.world.bag[pick % len(self.world.bag)]
-        self.world.bag.append(type(message)(message.published, due=message.due))
+        self.world.bag.append(type(message)(message.published, due=message.due, at=message.at))
 
     @rule(
         seconds=st.sampled_from(
@@ -193,7 +200,7 @@ _ONLY = frozenset(filter(None, os.environ.get("LOOPWIRE_SIM_CHECKS", "").split("
 """The names of the checks to make (``invariants.CHECKS``, without the underscore): all by
 default; one alone shows the shortest schedule that breaks it."""
 TestSimulation = Simulation.TestCase
-TestSimulation.pytestmark = [pytest.mark.timeout(max(60, _EXAMPLES // 2))]  # type: ignore[attr-defined]
+TestSimulation.pytestmark = [pytest.mark.timeout(max(600, _EXAMPLES))]  # type: ignore[attr-defined]
 TestSimulation.settings = settings(
     max_examples=_EXAMPLES,
     stateful_step_count=30,

@@ -162,6 +162,8 @@ class Message:
     deliveries: int = 0
     due: float = 0.0
     """Not delivered before this time (a wait queue's message)."""
+    at: float = 0.0
+    """When it was published."""
 
     @property
     def kind(self) -> str:
@@ -179,9 +181,6 @@ class World:
     dead: list[Published] = field(default_factory=list)
     delivered: list[tuple[Message, str]] = field(default_factory=list)
     """Every delivery, with the fault that struck it (``""``: none)."""
-    active: float = START
-    """When a worker last did anything: the sessions' keys live ``SESSION_TTL_S`` past it (the
-    idle lifetime), so the clock is never moved further than that."""
 
     def __post_init__(self) -> None:
         self.memory = MemoryStore(lease_ttl_s=LEASE_TTL_S, clock=self.clock, ttl_s=SESSION_TTL_S)
@@ -215,8 +214,20 @@ class World:
         return self.now
 
     def advance(self, seconds: float) -> None:
-        """Time passes, never past the sessions' idle lifetime (a minute short of it)."""
-        self.now = max(self.now, min(self.now + seconds, self.active + SESSION_TTL_S - 60))
+        """Time passes, but never past the idle lifetime of a session with a turn to run (a
+        minute short of ``SESSION_TTL_S`` after anything renewed any of its keys), nor of a
+        message waiting to be delivered: a session idle that long is gone, as documented,
+        whatever it held."""
+        live = [self._active(s) for s, q in self.memory.queues.items() if q]
+        waiting = [m.at for m in self.bag]  # the broker delivers well within that, too
+        bound = min((at + SESSION_TTL_S - 60 for at in live + waiting), default=self.now + seconds)
+        self.now = max(self.now, min(self.now + seconds, bound))
+
+    def _active(self, session: str) -> float:
+        """When anything last renewed a key of ``session``."""
+        tag = "{" + session + "}"
+        renewed = self.memory.keys.renewed
+        return max((at for k, at in renewed.items() if tag in k), default=self.now)
 
     # -- publishing, as a publisher does -----------------------------------------------------
 
@@ -227,7 +238,7 @@ class World:
             headers={t.H_KIND: kind},
             message_id=message_id or None,
         )
-        self.bag.append(Message(Published(t.TURNS_QUEUE, body, props, True)))
+        self.bag.append(Message(Published(t.TURNS_QUEUE, body, props, True), at=self.now))
 
     def publish_turn(self, request: TurnRequest) -> None:
         self.publish(encode(request), t.KIND_START, request.turn_id)
@@ -242,7 +253,6 @@ class World:
         happened (``""``: it was handled and acked). A crashed delivery (or one whose ack was
         lost) stays in the bag and comes again, counted, as a quorum queue redelivers it."""
         message = self.bag[index]
-        self.active = self.now
         delivery = MemoryDelivery.of(
             message.published,
             headers={"x-delivery-count": message.deliveries} if message.deliveries else None,
@@ -269,16 +279,18 @@ class World:
     def _route(self, published: list[Published]) -> None:
         for p in published:
             if p.routing_key == t.TURNS_QUEUE:
-                self.bag.append(Message(p))
+                self.bag.append(Message(p, at=self.now))
             elif p.routing_key == t.RETRY_QUEUE:  # back after the retry delay
-                self.bag.append(Message(p, due=self.now + BUSY_RETRY_S))
+                self.bag.append(Message(p, due=self.now + BUSY_RETRY_S, at=self.now))
             elif p.routing_key in WAIT_QUEUES:
                 # back at its time, or up to a second early (the wait queues' delays are whole
                 # seconds, and the workers' clocks differ): an early one hops on
                 work = decode(p.body, StepWork)
                 until = work.wait_until if work.wait_until is not None else self.now
                 early = max(self.now + min(1.0, until - self.now), until - 1.0)
-                self.bag.append(Message(p, due=self.now if until <= self.now else early))
+                self.bag.append(
+                    Message(p, due=self.now if until <= self.now else early, at=self.now)
+                )
             else:
                 self.replies.setdefault(p.routing_key, []).append(p.body)
 
