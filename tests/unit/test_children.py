@@ -628,3 +628,38 @@ def test_cycles_through_other_workflows_are_found() -> None:
     b = {"name": "w2", "kind": "sequential", "nodes": [{"run": "a"}, {"run": "w1"}]}
     with pytest.raises(ValueError, match="w1 -> w2 -> w1"):
         AgentProfiles.model_validate(flows(a, b))
+
+
+async def test_a_child_queued_in_a_named_session_and_cancelled_there_reports_to_its_parent() -> (
+    None
+):
+    """A sub-agent whose calls share one named session: a child queued there behind another
+    turn and cancelled before it starts still ends its parent's wait, with a cancelled result."""
+    team = {
+        "agents": [
+            {"name": "lead", "agents": [{"agent": "helper", "session": "shared"}]},
+            {"name": "helper"},
+        ]
+    }
+    answers: dict[str, Answer] = {
+        "lead": lambda r: calls(("helper", "go")) if not tool_results(r) else says("done"),
+        "helper": lambda r: says("helped"),
+    }
+    w = world(team, answers)
+    # a turn of the named session's own runs (and holds its queue) when the child arrives
+    busy = request("helper", "first", turn_id="H1").model_copy(update={"session_id": "shared"})
+    await w.sequencer.on_request(busy)
+    [kick] = await w.sequencer.on_request(request("lead", "go"))
+    assert isinstance(kick, Step)
+    parked = await w.sequencer.on_step(kick.work)
+    [child] = [a.request for a in parked if isinstance(a, Start)]
+    assert await w.sequencer.on_request(child) == []  # queued behind H1
+    assert (await w.store.head("shared")) == "H1"  # the child waits behind it
+    assert child.turn_id in w.store.queues["shared"]
+
+    await w.drive([Control(TurnCancel(turn_id=child.turn_id, session_id="shared", reason="user"))])
+
+    result = w.result("T1")
+    assert result.finish_reason == "stop" and result.content == "done"
+    [tool] = [m for _, r in w.model.requests for m in r.messages if m.role == "tool"]
+    assert "cancelled" in (tool.content or "")

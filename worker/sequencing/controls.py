@@ -36,6 +36,7 @@ from worker.sequencing.actions import (
     Start,
     Step,
     cancel_children,
+    to_parent,
     wake,
 )
 from worker.session.port import SessionStore, StepSession
@@ -121,7 +122,8 @@ class Controls:
         if replies:
             delivered = await self.deliver(result)
             actions += [Reply(reply_to, delivered) for reply_to in replies]
-        return actions
+        # a child queued in a session of its own (a named one) ends its parent's wait too
+        return [*actions, *to_parent(result)]
 
     async def on_child_result(self, message: TurnChildResult) -> list[Action]:
         """Record a child turn's result for its parent; the parent's parked step is published,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from contracts.codec import decode
 from contracts.events import Event
 from contracts.turns import TurnRequest, TurnResult
-from tests.unit.simulation.world import World
+from tests.unit.simulation.world import DAILY, World
 
 FORGED = "FORGED"
 _OWNER = re.compile(r"for ([A-Za-z0-9_.:-]+)/")
@@ -52,6 +52,7 @@ def _checks() -> tuple[Callable[[World, Record], list[str]], ...]:
         _sessions_apart,
         _no_forgery,
         _children_report_once,
+        _children_heard,
         _cancels_applied,
         _approvals,
         _approved_children,
@@ -181,6 +182,35 @@ def _children_report_once(world: World, record: Record) -> list[str]:
     return broken
 
 
+def _children_heard(world: World, record: Record) -> list[str]:
+    """A child that ended while its parent waited is what its parent heard: the parent's
+    ``child.finished`` has the child's own finish reason (not a timeout's error)."""
+    broken = []
+    results = _results(world)
+    for e in world.events.events:
+        if e.type != "child.started" or not (e.session_id and e.turn_id):
+            continue
+        parent = (e.session_id, e.turn_id)
+        child = (getattr(e.data, "session_id", ""), getattr(e.data, "turn_id", ""))
+        call = getattr(e.data, "call_id", "")
+        ended, over = results.get(child), results.get(parent)
+        if ended is None or over is None or ended.completed_at > over.completed_at:
+            continue
+        heard = [
+            getattr(f.data, "finish_reason", None)
+            for f in world.events.events
+            if f.type == "child.finished"
+            and (f.session_id, f.turn_id) == parent
+            and getattr(f.data, "call_id", "") == call
+        ]
+        if heard and heard[0] != ended.finish_reason:
+            broken.append(
+                f"turn {parent}: its child {child} ended {ended.finish_reason}, the parent heard"
+                f" {heard[0]}"
+            )
+    return broken
+
+
 def _ended_early(evs: list[Event]) -> bool:
     """A parent that ended (cancelled, failed) before a child reported need not hear of it."""
     return any(e.type in ("turn.cancelled", "turn.failed") for e in evs)
@@ -263,12 +293,22 @@ def _keys_expire(world: World, record: Record) -> list[str]:
 
 
 def _daily_spend(world: World, record: Record) -> list[str]:
-    """Every model call counts once in the agents' daily spend."""
+    """Every model call counts once in the agents' days: what the days hold is what the turns
+    of agents with a daily budget spent themselves (a turn's usage less what its children
+    reported to it)."""
     counted = sum(s.total_tokens for s in world.memory.spend.values())
-    results = _results(world)
-    roots = sum(r.usage.total_tokens for r in results.values() if r.parent is None)
-    if counted > roots:
-        return [f"the agents' daily spend counts {counted} tokens, the turns spent {roots}"]
+    reported: dict[tuple[str, str], int] = defaultdict(int)
+    for e in world.events.events:
+        if e.type == "child.finished" and e.session_id and e.turn_id:
+            usage = getattr(e.data, "usage", None)
+            reported[e.session_id, e.turn_id] += usage.total_tokens if usage else 0
+    own = sum(
+        r.usage.total_tokens - reported[turn]
+        for turn, r in _results(world).items()
+        if r.agent in DAILY
+    )
+    if counted > own:  # (a worker that dies between a turn's end and its count counts less)
+        return [f"the agents' daily spend counts {counted} tokens, their turns spent {own}"]
     return []
 
 

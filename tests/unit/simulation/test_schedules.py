@@ -146,6 +146,23 @@ SCHEDULES: dict[str, tuple[frozenset[str], Steps]] = {
             advance(0.5),
         ],
     ),
+    # a child queued behind another in a named session, cancelled there before it starts:
+    # its parent hears nothing, and waits out its children_timeout_s for an error
+    "a child cancelled while queued in a named session reports to its parent": (
+        _c("children_heard"),
+        [
+            turn("pool", session="A", turn="t1"),
+            turn("pool", session="B", turn="t2"),
+            deliver(),
+            deliver(),
+            deliver(),
+            deliver(),
+            deliver(),
+            deliver(),
+            ("cancel_child", {"pick": 1}),
+            deliver(1),
+        ],
+    ),
 }
 
 

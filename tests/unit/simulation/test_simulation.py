@@ -134,6 +134,20 @@ class Simulation(RuleBasedStateMachine):
             encode(TurnChildResult(parent=parent, result=result)), t.KIND_CHILD_RESULT
         )
 
+    @rule(pick=st.integers(0, 7))
+    def cancel_child(self, pick: int) -> None:
+        """A publisher cancels a child turn it saw start (queued, running or parked)."""
+        started = [e for e in self.world.events.events if e.type == "child.started"]
+        if not started:
+            return
+        data = started[pick % len(started)].data
+        cancel = TurnCancel(
+            turn_id=getattr(data, "turn_id", ""),
+            session_id=getattr(data, "session_id", None),
+            reason="user",
+        )
+        self.world.publish(encode(cancel), t.KIND_CANCEL)
+
     @rule(session=st.sampled_from(SESSIONS), turn=st.sampled_from(TURN_IDS))
     def unknown_kind(self, session: str, turn: str) -> None:
         """A control message from a newer publisher, of a kind this worker does not know."""

@@ -54,6 +54,8 @@ TOKENS = 10
 
 DAY = {"max_total_tokens": 1_000_000}
 """A daily budget never spent: the agents' days are counted (``daily_spend``)."""
+DAILY = frozenset({"lead", "helper"})
+"""The agents with a daily budget."""
 PROFILES: dict[str, Any] = {
     "agents": [
         {"name": "support", "system_prompt": "agent:support"},
@@ -77,12 +79,24 @@ PROFILES: dict[str, Any] = {
             "approval_timeout_s": APPROVAL_TIMEOUT_S,
         },
         {"name": "helper", "system_prompt": "agent:helper", "daily_budget": DAY},
+        {
+            "name": "pool",
+            "system_prompt": "agent:pool",
+            "agents": [{"agent": "helper", "session": "P"}],
+        },
     ]
 }
-AGENTS = ("support", "payer", "lead", "boss")
+AGENTS = ("support", "payer", "lead", "boss", "pool")
 """The agents a publisher may address (``helper`` runs as the others' sub-agent)."""
-FIRST_CALL = {"support": "lookup", "payer": "pay", "lead": "helper", "boss": "helper"}
-"""What each agent calls at its first step; ``helper`` calls ``lookup`` too."""
+FIRST_CALL = {
+    "support": "lookup",
+    "payer": "pay",
+    "lead": "helper",
+    "boss": "helper",
+    "pool": "helper",
+}
+"""What each agent calls at its first step; ``helper`` calls ``lookup`` too (``pool``'s
+children all run in one named session, ``P``, queued there one after another)."""
 DEFINITIONS = [
     ToolDefinition(name="lookup", description="Look something up."),
     ToolDefinition(name="pay", description="Pay.", idempotent=False),
