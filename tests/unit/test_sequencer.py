@@ -397,6 +397,35 @@ async def test_an_end_announced_again_announces_the_last_step_first_the_same_eve
     assert len(model.requests) == 1
 
 
+async def test_a_copy_of_a_finished_turns_request_announces_its_last_step_before_its_end() -> None:
+    """A publisher's copy of a turn's request, taken while the worker that ended the turn is
+    still publishing its last step's events: the copy's worker announces that step again before
+    the end, so no subscriber sees a step after its turn's end."""
+    store, wire = MemoryStore(), list[Event]()
+    model = ScriptedAnswers([answers("Order 42 shipped yesterday.")])
+    ending, copy = WireSink(wire, pause_at="step.completed"), WireSink(wire)
+    tools = FunctionTools({"lookup": lookup})
+    one, other = (
+        sequencer_over(store, model=model, tools=tools, definitions=[LOOKUP], events=sink)
+        for sink in (ending, copy)
+    )
+    await one.on_request(request("t1"))
+    last_step = asyncio.create_task(one.on_step(work("t1", 0)))
+    await asyncio.wait_for(ending.paused.wait(), 5)  # the end is saved, its events going out
+
+    actions = await other.on_request(request("t1"))  # the publisher's copy, at another worker
+    ending.release.set()
+    await last_step
+
+    assert codes(actions) == ["duplicate_request"]
+    assert copy.types() == ["step.completed", "turn.completed"]
+    seen: dict[str, Event] = {}
+    for event in wire:
+        seen.setdefault(event.id, event)
+    types = [e.type for e in seen.values() if e.turn_id == "t1"]
+    assert types[-2:] == ["step.completed", "turn.completed"], "a step after its turn's end"
+
+
 # -- fail_turn: the one path that ends a turn -------------------------------------------------------
 
 

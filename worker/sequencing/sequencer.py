@@ -126,7 +126,10 @@ class SessionSequencer(Controls, Erasure):
         if accepted.status == "done":
             assert accepted.result is not None
             # announced again too (the same event, the same bytes), so the copy's publisher
-            # sees the turn end on the events exchange as well
+            # sees the turn end on the events exchange as well; its last step first (the
+            # worker that ended it may still be publishing that step's events)
+            state = await self.store.stored_state(request.session_id)
+            await announce_ended_step(self.events, accepted.result, state)
             await self._emit_finished(accepted.result)
             replies: list[Action] = []
             if request.reply_to:

@@ -169,6 +169,11 @@ class SessionStore(Protocol):
 
     async def result(self, session_id: str, turn_id: str) -> TurnResult | None: ...
 
+    async def stored_state(self, session_id: str) -> AgentState | None:
+        """The session's state as stored, read without the lease (a finished turn's last step,
+        ``ended_step``, announced again with its end)."""
+        ...
+
     async def reply_to(self, session_id: str, turn_id: str) -> tuple[str, ...]:
         """Every reply queue the turn's copies named (kept after the turn finished): a copy
         published while the turn runs gets the result too."""

@@ -379,6 +379,11 @@ class RedisStore:
             blob = await self.redis.hget(keys.session_requests(session_id), turn_id)
         return decode(_bytes(blob), TurnRequest) if blob else None
 
+    async def stored_state(self, session_id: str) -> AgentState | None:
+        with self.timed("read"):
+            blob = await self.redis.hget(keys.session_state(session_id), "s")
+        return read_stored(_bytes(blob), AgentState) if blob else None
+
     async def result(self, session_id: str, turn_id: str) -> TurnResult | None:
         with self.timed("read"):
             blob = await self.redis.get(keys.turn_result(session_id, turn_id))

@@ -288,6 +288,10 @@ class MemoryStore:
         self.keys.sweep()
         return self.requests.get(session_id, {}).get(turn_id)
 
+    async def stored_state(self, session_id: str) -> AgentState | None:
+        self.keys.sweep()
+        return self.states.get(session_id)
+
     async def result(self, session_id: str, turn_id: str) -> TurnResult | None:
         self.keys.sweep()
         return self.results.get((session_id, turn_id))

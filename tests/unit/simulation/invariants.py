@@ -13,7 +13,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from contracts import topology as t
 from contracts.codec import decode
+from contracts.control import TurnChildResult
 from contracts.events import Event
 from contracts.turns import TurnRequest, TurnResult
 from tests.unit.simulation.world import DAILY, World
@@ -183,32 +185,18 @@ def _children_report_once(world: World, record: Record) -> list[str]:
 
 
 def _children_heard(world: World, record: Record) -> list[str]:
-    """A child that ended while its parent waited is what its parent heard: the parent's
-    ``child.finished`` has the child's own finish reason (not a timeout's error)."""
-    broken = []
-    results = _results(world)
-    for e in world.events.events:
-        if e.type != "child.started" or not (e.session_id and e.turn_id):
-            continue
-        parent = (e.session_id, e.turn_id)
-        child = (getattr(e.data, "session_id", ""), getattr(e.data, "turn_id", ""))
-        call = getattr(e.data, "call_id", "")
-        ended, over = results.get(child), results.get(parent)
-        if ended is None or over is None or ended.completed_at > over.completed_at:
-            continue
-        heard = [
-            getattr(f.data, "finish_reason", None)
-            for f in world.events.events
-            if f.type == "child.finished"
-            and (f.session_id, f.turn_id) == parent
-            and getattr(f.data, "call_id", "") == call
-        ]
-        if heard and heard[0] != ended.finish_reason:
-            broken.append(
-                f"turn {parent}: its child {child} ended {ended.finish_reason}, the parent heard"
-                f" {heard[0]}"
-            )
-    return broken
+    """A child turn that ended told its parent: a worker published its ``turn.child_result``
+    (the parent may have stopped waiting by then: it drops it as a copy)."""
+    told = set()
+    for p in world.publisher.published:
+        if p.headers.get(t.H_KIND) == t.KIND_CHILD_RESULT:
+            message = decode(p.body, TurnChildResult)
+            told.add((message.result.session_id, message.result.turn_id))
+    return [
+        f"child {child} of {r.parent.turn_id} ended {r.finish_reason} and never told its parent"
+        for child, r in _results(world).items()
+        if r.parent is not None and child not in told
+    ]
 
 
 def _ended_early(evs: list[Event]) -> bool:
