@@ -152,7 +152,8 @@ async def test_a_parked_turns_keys_outlive_its_wait(redis: Redis, uid: str) -> N
     found = await ttls(redis, request.session_id)
     assert lasting(found, TTL_S - 5) == {}
     assert all(t <= TTL_S for t in found.values()), "its end sets the idle lifetime"
-    assert TTL_S - 5 <= await redis.ttl(index) <= TTL_S
+    # the index outlives every key of its turn: twice their lifetime
+    assert 2 * TTL_S - 5 <= await redis.ttl(index) <= 2 * TTL_S
 
 
 async def test_a_parked_persist_false_turn_keeps_the_sessions_history(
