@@ -31,6 +31,7 @@ from contracts.messages import ChatMessage, ToolCall
 from contracts.state import (
     AgentState,
     AgentStep,
+    ChildTurn,
     ModelResponse,
     PendingStep,
     StepExecution,
@@ -97,20 +98,7 @@ class Composer(Fitting):
         )
         for execution in (*unsaved, *planned.refused):
             await self.tools.emit_invoked(state, pending.index, execution)
-        for child in planned.children:
-            await self._emit(
-                "child.started",
-                ChildStarted(
-                    call_id=child.call_id,
-                    turn_id=child.turn_id,
-                    session_id=child.session_id,
-                    agent=child.agent,
-                ),
-                state,
-                step=pending.index,
-                call_id=child.call_id,
-                at=now,
-            )
+        await self._announce_started(state, pending.index, planned.children, now)
         observe(self.observer.children_started, ex.request.agent, len(planned.children))
         return Waiting(state, waiting.until, start=planned.requests)
 
@@ -135,7 +123,29 @@ class Composer(Fitting):
         # the same requests as at first (a wait saved without a bound gets one now)
         until = wait.until or _children_until(agent, ex.request.deadline, wait.since)
         again = plan_children(state, agent, passed, now, until)
+        # and announced again, the same events: the worker that parked the turn may have died
+        # before it announced them
+        await self._announce_started(state, pending.index, again.children, wait.since)
         return Waiting(state, wait.until, start=again.requests)
+
+    async def _announce_started(
+        self, state: AgentState, index: int, children: Sequence[ChildTurn], at: float
+    ) -> None:
+        """``child.started`` for each child, as of ``at`` (when the step started them)."""
+        for child in children:
+            await self._emit(
+                "child.started",
+                ChildStarted(
+                    call_id=child.call_id,
+                    turn_id=child.turn_id,
+                    session_id=child.session_id,
+                    agent=child.agent,
+                ),
+                state,
+                step=index,
+                call_id=child.call_id,
+                at=at,
+            )
 
     async def _passed(
         self, state: AgentState, agent: AgentSpec, calls: Sequence[ToolCall], now: float

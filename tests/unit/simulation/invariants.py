@@ -55,6 +55,7 @@ def _checks() -> tuple[Callable[[World, Record], list[str]], ...]:
         _no_forgery,
         _children_report_once,
         _children_heard,
+        _children_announced,
         _cancels_applied,
         _approvals,
         _approved_children,
@@ -196,6 +197,22 @@ def _children_heard(world: World, record: Record) -> list[str]:
         f"child {child} of {r.parent.turn_id} ended {r.finish_reason} and never told its parent"
         for child, r in _results(world).items()
         if r.parent is not None and child not in told
+    ]
+
+
+def _children_announced(world: World, record: Record) -> list[str]:
+    """Every child turn that ran was announced by its parent (``child.started``)."""
+    started = {
+        (getattr(e.data, "session_id", ""), getattr(e.data, "turn_id", ""))
+        for e in world.events.events
+        if e.type == "child.started"
+    }
+    return [
+        f"child {(e.session_id, e.turn_id)} of {e.parent_turn_id} ran unannounced"
+        for e in world.events.events
+        if e.type == "turn.accepted"
+        and e.parent_turn_id
+        and (e.session_id, e.turn_id) not in started
     ]
 
 

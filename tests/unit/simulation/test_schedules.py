@@ -163,6 +163,12 @@ SCHEDULES: dict[str, tuple[frozenset[str], Steps]] = {
             deliver(1),
         ],
     ),
+    # a worker dies right after the save that parks a turn for its child: the redone step
+    # starts the child again but never announces it (child.started is lost)
+    "a child's start is announced though its parent's worker died after parking": (
+        _c("children_announced,sessions_apart"),
+        [turn("lead"), deliver(), deliver(0, "crash", 4)],
+    ),
 }
 
 
