@@ -467,3 +467,51 @@ async def finish_head(store: SessionStore, request: TurnRequest) -> None:
     session = await store.take(request.session_id, request.turn_id)
     assert session is not None
     await finish(session, request)
+
+
+async def expiries(store: SessionStore, redis: Redis, session_id: str) -> dict[str, int]:
+    """Every key of the session, by its name after the hash tag, and how many whole seconds it
+    has left (-1: no expiry) — read from Redis, or from the memory store's keyspace."""
+    if isinstance(store, MemoryStore):
+        now = store.clock()
+        tag = f"lw:{{{session_id}}}:"
+        return {
+            k.removeprefix(tag): -1 if at is None else round(at - now)
+            for k, at in store.keys.expires.items()
+            if k.startswith(tag)
+        }
+    found: dict[str, int] = {}
+    async for key in redis.scan_iter(match=f"lw:{{{session_id}}}:*"):
+        found[key.decode().split("}:", 1)[1]] = int(await redis.ttl(key))
+    return found
+
+
+async def test_every_key_of_a_session_expires_as_its_turns_go(
+    store: SessionStore, redis: Redis, uid: str
+) -> None:
+    """What the simulation relies on: both stores give a session's keys the same expiry at
+    each point of a turn (the idle lifetime from its first save on, reset by its end)."""
+    ttl = 3600
+    store.ttl_s = ttl  # type: ignore[attr-defined]
+    first, second = turn(uid, 1), turn(uid, 2)
+    await store.accept(first)
+    session = await take(store, first.session_id)
+    state = new_execution(session.take_state(), first, AGENT, time.time())
+    state = await session.save(state, append=[m.to_chat() for m in first.input])
+    running = await expiries(store, redis, first.session_id)
+    assert {"state", "history", "fence", "turns", "queue", "requests"} <= set(running)
+    assert all(ttl - 5 <= s <= ttl for k, s in running.items() if k != "lease"), running
+    await store.accept(second)  # queued behind the running one
+    answer = ChatMessage(role="assistant", content="done")
+    result = turn_result(state, "stop", "done", None, time.time())
+    final = closed(state, appended=2, now=time.time())
+    await session.save(final, append=[answer], result=result)
+    ended = await expiries(store, redis, first.session_id)
+    assert {k for k in ended} >= {
+        "state",
+        "history",
+        "turns",
+        "queue",
+        f"turn:{first.turn_id}:result",
+    }
+    assert all(ttl - 5 <= s <= ttl for s in ended.values()), ended

@@ -108,7 +108,7 @@ def _usage() -> Usage:
 
 
 class SimModel:
-    """Each agent calls its tool once, then answers with what the tool said."""
+    """Each agent calls its tool once a turn, then answers with what the tool said."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, ModelRequest]] = []
@@ -120,7 +120,8 @@ class SimModel:
 
     @staticmethod
     async def _answer(agent: str, request: ModelRequest) -> ModelResponse:
-        results = [m.content or "" for m in request.messages if m.role == "tool"]
+        last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+        results = [m.content or "" for m in request.messages[last_user:] if m.role == "tool"]
         if not results:
             tool = FIRST_CALL.get(agent, "lookup")
             call = ToolCall(id="call_0", name=tool, arguments=json.dumps({"input": "q"}))
