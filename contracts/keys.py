@@ -72,15 +72,10 @@ def tool_call(idempotency_key: str) -> str:
     return f"{PREFIX}:toolcall:{{{idempotency_key}}}"
 
 
-def tool_calls() -> str:
-    """SCAN pattern (with a trailing ``*``) of every ``tool_call`` key, and its lease."""
-    return f"{PREFIX}:toolcall:{{*"
-
-
-def turn_of_tool_call(key: str) -> str:
-    """The turn id of a ``tool_call`` key or its lease (the idempotency keys of a turn's
-    calls are ``<turn_id>:<call id>``; a turn id holds no ``:``)."""
-    return key.removeprefix(f"{PREFIX}:toolcall:{{").split(":", 1)[0]
+def session_calls(session_id: str) -> str:
+    """Set of the idempotency keys of every tool call the session's turns sent (written with
+    the model answer that asked for them): what erasing the session deletes beside it."""
+    return f"{PREFIX}:{{{session_id}}}:calls"
 
 
 def tool_registry() -> str:

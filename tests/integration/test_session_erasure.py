@@ -5,7 +5,6 @@ erasure keeps its lease, and the child sessions its turns started go with it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.asyncio import Redis
@@ -55,12 +54,11 @@ class Interleaved(SessionRecords):
         super().__init__(redis)
         self.meanwhile = meanwhile
 
-    async def _scan(self, pattern: str) -> AsyncIterator[Any]:
+    async def _tool_calls(self, session_id: str) -> list[str]:
         meanwhile, self.meanwhile = self.meanwhile, None
         if meanwhile is not None:
             await meanwhile()
-        async for found in super()._scan(pattern):
-            yield found
+        return await super()._tool_calls(session_id)
 
 
 async def test_a_turn_sent_while_its_session_is_erased_runs_after_it(

@@ -20,6 +20,7 @@ from contracts.codec import decode, encode, encode_stored, read_stored
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.messages import ChatMessage
 from contracts.state import AgentState
+from contracts.tools import idempotency_key
 from contracts.turns import TurnResult
 from worker.errors import StaleStateError
 from worker.loop.transcript import StoredMessages
@@ -199,6 +200,7 @@ class SessionHandle:
             parked,
             len(appended),
             *appended,
+            *_counted(call_keys(state)),
         ]
         result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
         try:
@@ -219,6 +221,7 @@ class SessionHandle:
                         keys.turn_controls(sid, turn_id or "_"),
                         keys.session_fence(sid),
                         keys.session_history(sid),
+                        keys.session_calls(sid),
                     ],
                     args,
                     (keys.turn_session(turn_id), lifetime) if turn_id else None,
@@ -266,6 +269,21 @@ class SessionHandle:
         return await self.store.beside(
             self.store._save, script_keys, args, lambda r: r.expire(key, 2 * ttl)
         )
+
+
+def _counted(items: Sequence[str]) -> list[str | int]:
+    """A script's variable-length argument: its length, then its items."""
+    return [len(items), *items]
+
+
+def call_keys(state: AgentState) -> list[str]:
+    """The idempotency keys of the tool calls the step's model answer asked for (none before
+    it answered): the session records them, so that erasing it finds the tool services'
+    records of them by name."""
+    ex = state.execution
+    if ex is None or ex.pending is None or ex.pending.response is None:
+        return []
+    return [idempotency_key(ex.turn_id, c.id) for c in ex.pending.response.message.tool_calls]
 
 
 def _parked_arg(state: AgentState, parked: int | None) -> str:

@@ -10,8 +10,8 @@ history, queue, turns, requests, replies, each turn's result, controls and ``per
 messages, the redaction mapping, the notes and their idempotency record, the list of child
 sessions, the lease), each batch in a script that checks the lease and the mark,
 and what its turns left outside it: each turn's session index, the tool-call idempotency
-records of its calls (``lw:toolcall:{<turn id>:<call id>}``, found by one ``SCAN`` of the
-tool-call keys: a ``persist: false`` turn's calls are recorded nowhere in the session) and its
+records of its calls (``lw:toolcall:{<turn id>:<call id>}``, named by the session's ``calls``
+set, which records each call's idempotency key with the model answer that asked for it) and its
 entries in the list of calls waiting for a decision. A key added under the session's hash tag
 is added to ``_own_keys`` (``tests/unit/test_erasure.py`` checks).
 The fence (a bare counter, no user data) stays, with its expiry (``ttl_s`` from the lease the
@@ -21,7 +21,6 @@ to the session started after it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -167,9 +166,10 @@ class SessionRecords:
             return None
         turn_ids = [_text(t) for t in await self.redis.hkeys(keys.session_turns(session_id))]
         children = [_text(c) for c in await self.redis.smembers(keys.session_children(session_id))]
-        outside = await self._tool_calls(set(turn_ids))
+        # the tool services' records of its calls first: the set that names them is the
+        # session's own, deleted below (an erasure retried after a crash finds them again)
+        deleted = await self._unlink(await self._tool_calls(session_id))
         own = _own_keys(session_id, turn_ids)
-        deleted = 0
         for start in range(0, len(own), ERASE_BATCH):
             last = "1" if start + ERASE_BATCH >= len(own) else "0"
             batch = own[start : start + ERASE_BATCH]
@@ -177,20 +177,25 @@ class SessionRecords:
             if n < 0:
                 return None
             deleted += n
-        # what the session's finished turns left outside its hash tag: nothing writes to it
-        # any more
-        outside += [keys.turn_session(t) for t in turn_ids]
-        for start in range(0, len(outside), ERASE_BATCH):
-            deleted += int(await self.redis.unlink(*outside[start : start + ERASE_BATCH]))
+        # each finished turn's session index, outside its hash tag: nothing writes to it any
+        # more
+        deleted += await self._unlink([keys.turn_session(t) for t in turn_ids])
         await self._clear_waiting(set(turn_ids))
         return Erased(deleted, tuple(sorted(children)))
 
-    async def _tool_calls(self, turn_ids: set[str]) -> list[str]:
-        """The tool-call idempotency records (and leases) of the session's turns: one pass over
-        the keyspace (a ``persist: false`` turn's calls are recorded nowhere in the session)."""
-        return [
-            k async for k in self._scan(keys.tool_calls()) if keys.turn_of_tool_call(k) in turn_ids
-        ]
+    async def _unlink(self, names: list[str]) -> int:
+        """Delete keys outside the session's hash tag, a batch at a time; how many there were."""
+        deleted = 0
+        for start in range(0, len(names), ERASE_BATCH):
+            deleted += int(await self.redis.unlink(*names[start : start + ERASE_BATCH]))
+        return deleted
+
+    async def _tool_calls(self, session_id: str) -> list[str]:
+        """The tool services' idempotency records (and leases) of the session's tool calls, by
+        name: the session recorded each call's idempotency key when its model answer asked
+        for it."""
+        calls = [_text(k) for k in await self.redis.smembers(keys.session_calls(session_id))]
+        return [name for k in calls for name in (keys.tool_call(k), keys.tool_call_lease(k))]
 
     async def _clear_waiting(self, turn_ids: set[str]) -> None:
         """The session's entries in the fleet-wide list of calls waiting for a decision."""
@@ -202,10 +207,6 @@ class SessionRecords:
         ]
         for start in range(0, len(fields), ERASE_BATCH):
             await self.redis.hdel(waiting, *fields[start : start + ERASE_BATCH])
-
-    async def _scan(self, pattern: str) -> AsyncIterator[str]:
-        async for key in self.redis.scan_iter(match=_glob(pattern), count=SCAN_COUNT):
-            yield _text(key)
 
     async def _results(self, session_id: str, turn_ids: list[str]) -> dict[str, TurnResult]:
         if not turn_ids:
@@ -238,17 +239,9 @@ def _own_keys(session_id: str, turn_ids: list[str]) -> list[str]:
         keys.session_notes(session_id),
         keys.session_notes_filed(session_id),
         keys.session_children(session_id),
+        keys.session_calls(session_id),
         keys.session_turns(session_id),
     ]
-
-
-def _glob(pattern: str) -> str:
-    """``pattern`` with the glob characters of its literal part escaped (its last ``*`` is the
-    wildcard): a call id may hold any printable character."""
-    literal, star = (pattern[:-1], "*") if pattern.endswith("*") else (pattern, "")
-    for char in "\\[]?*":
-        literal = literal.replace(char, "\\" + char)
-    return literal + star
 
 
 def _text(value: bytes | str) -> str:

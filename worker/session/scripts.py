@@ -99,10 +99,11 @@ return 0
 """
 
 # KEYS: lease state list result turns queue requests transient replies controls fence history
-#       [index: the turn's session index, given twice the session's expiry (on one Redis; on a
-#       cluster it is renewed beside the script)]
+#       calls [index: the turn's session index, given twice the session's expiry (on one Redis;
+#       on a cluster it is renewed beside the script)]
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
-#       parked, n, msg...
+#       parked, n, msg..., m, call... (the idempotency keys of the tool calls the step's model
+#       answer asked for, added to ``calls``)
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
 # ``transient`` names and a result deletes; ``history`` is the session's, kept alive either
 # way). ``parked``: the step a turn parks at (recorded in its controls, so that whoever
@@ -120,6 +121,8 @@ if v ~= tonumber(ARGV[2]) then return redis.error_reply('STALE version ' .. v) e
 redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3])
 local n = tonumber(ARGV[9])
 if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 10, 9 + n)) end
+local m = tonumber(ARGV[10 + n] or '0')
+if m > 0 then redis.call('SADD', KEYS[13], unpack(ARGV, 11 + n, 10 + n + m)) end
 local waiting = 0
 local cancel = redis.call('HGET', KEYS[10], 'cancel')
 if ARGV[8] == '-' then
@@ -140,11 +143,11 @@ if ARGV[6] ~= '' then
   cancel = false
   head = redis.call('LINDEX', KEYS[6], 0) or ''
   replies = redis.call('HGET', KEYS[9], ARGV[7]) or ''
-  for i = 2, 12 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  for i = 2, 13 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 else
-  keep(ARGV[5], 2, 12)
+  keep(ARGV[5], 2, 13)
 end
-if KEYS[13] then redis.call('EXPIRE', KEYS[13], 2 * ARGV[5]) end
+if KEYS[14] then redis.call('EXPIRE', KEYS[14], 2 * ARGV[5]) end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting, cancel or ''}
 """)
