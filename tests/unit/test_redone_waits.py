@@ -247,3 +247,34 @@ async def test_a_late_timeout_of_a_decided_wait_repeats_nothing() -> None:
     late = await rig.sequencer.on_step(delay.work)
 
     assert replies(late) == [] and codes(late) == ["stale_step"]
+
+
+async def test_children_given_up_on_are_cancelled_when_the_timeout_is_redone() -> None:
+    """A parent stops waiting for a child at its children_timeout_s: the child's error is
+    recorded, and the worker dies before it publishes the child's cancel and the parent's wake.
+    The timeout message comes back: the child is cancelled and the parent woken all the same."""
+    clock = Clock()
+    team = {
+        "agents": [
+            {"name": "lead", "agents": ["helper"], "children_timeout_s": 60},
+            {"name": "helper"},
+        ]
+    }
+    w = world(team, {"lead": lambda r: calls(("helper", "find it"))}, clock=clock)
+    await w.sequencer.on_request(world_request("lead", "go"))
+    parked = await w.sequencer.on_step(StepWork(session_id="S1", turn_id="T1", step=0))
+    [delay] = [a for a in parked if isinstance(a, Delay)]
+    clock.now = delay.work.wait_until or clock.now
+
+    first = await w.sequencer.on_step(delay.work)  # recorded; what it returns is lost
+    again = await w.sequencer.on_step(delay.work, redone=True)
+
+    def cancels(actions: list[Action]) -> list[str]:
+        return [
+            a.message.turn_id
+            for a in actions
+            if isinstance(a, Control) and isinstance(a.message, TurnCancel)
+        ]
+
+    assert cancels(first) and cancels(again) == cancels(first)
+    assert any(isinstance(a, Step) and a.work.wait_until is None for a in again)

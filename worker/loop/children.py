@@ -200,6 +200,19 @@ def late_children(
     ]
 
 
+def given_up(state: AgentState, recorded: Mapping[str, TurnChildResult]) -> list[ChildTurn]:
+    """The children a turn stopped waiting for (their ``child_timeout`` errors recorded) that
+    it has not taken into its state yet: the delivery that gave up on them may have died before
+    it could cancel them and wake the turn."""
+    return [
+        child
+        for child in unanswered_children(state)
+        if (r := recorded.get(child.call_id)) is not None
+        and r.result.error is not None
+        and r.result.error.code == "child_timeout"
+    ]
+
+
 def with_child_results(
     state: AgentState, results: Mapping[str, TurnChildResult]
 ) -> tuple[AgentState, list[tuple[ChildTurn, TurnResult]]]:

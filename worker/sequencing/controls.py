@@ -11,7 +11,7 @@ cancelled). A child turn that cannot run reports to its parent all the same: a r
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import ChildFinished
@@ -21,7 +21,7 @@ from contracts.work import StepWork
 from worker.loop import EventSink, Finished, Loop, Waiting, new_execution
 from worker.loop.announce import announce
 from worker.loop.approvals import timed_out, with_decisions
-from worker.loop.children import child_failed, late_children, with_child_results
+from worker.loop.children import child_failed, given_up, late_children, with_child_results
 from worker.loop.ports import LoopObserver, observe
 from worker.loop.turn import turn_of, turn_result, with_execution
 from worker.profiles.agents import AgentProfile, ProfileLookup
@@ -97,7 +97,7 @@ class Controls:
         if recorded.status == "unknown":
             return [Drop(f"cancel for unknown turn {turn_id}", "unknown_turn")]
         if recorded.status == "finished":
-            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
+            return await self._cancelled_before(session_id, cancel)
         failpoints.hit("cancel_recorded")
         request = await self.store.request(session_id, turn_id)
         if request is None:  # ended meanwhile
@@ -107,7 +107,7 @@ class Controls:
         result = turn_result(state, "cancelled", None, None, self.clock())
         ended, replies = await self.store.end_queued(session_id, turn_id, result)
         if ended == "finished":
-            return [Drop(f"cancel for finished turn {turn_id}", "finished_turn")]
+            return await self._cancelled_before(session_id, cancel)
         if ended == "ended":
             observe(self.observer.turn_finished, result)
             if self.tracing is not None:
@@ -117,13 +117,32 @@ class Controls:
             # running now) finds the cancel under the lease; a parked one has none, so the
             # step it is parked at is published
             return wake(session_id, turn_id, recorded.parked)
+        return await self._queued_end(result, replies)
+
+    async def _queued_end(self, result: TurnResult, replies: Sequence[str]) -> list[Action]:
+        """What follows a queued turn's end: its event, its replies, and a child's report to
+        its parent (a child queued in a named session ends its parent's wait too)."""
         await self._emit_finished(result)
         actions: list[Action] = []
         if replies:
             delivered = await self.deliver(result)
             actions += [Reply(reply_to, delivered) for reply_to in replies]
-        # a child queued in a session of its own (a named one) ends its parent's wait too
         return [*actions, *to_parent(result)]
+
+    async def _cancelled_before(self, session_id: str, cancel: TurnCancel) -> list[Action]:
+        """A cancel for a turn that has ended. If this cancel ended it (a copy of the one that
+        did), the delivery that ended it may have died before its effects went out: they go out
+        again (the same event, copies of the replies and of a child's report)."""
+        turn_id = cancel.turn_id
+        drop = Drop(f"cancel for finished turn {turn_id}", "finished_turn")
+        result = await self.store.result(session_id, turn_id)
+        if result is None or (result.finish_reason, result.stopped_by) != (
+            "cancelled",
+            cancel.reason,
+        ):
+            return [drop]
+        replies = await self.store.reply_to(session_id, turn_id)
+        return [*await self._queued_end(result, replies), drop]
 
     async def on_child_result(self, message: TurnChildResult) -> list[Action]:
         """Record a child turn's result for its parent; the parent's parked step is published,
@@ -219,6 +238,9 @@ class Controls:
             late = late_children(state, session.children, self.clock())
             if late:
                 return await self._give_up_on(late, work)
+            out = given_up(state, session.children)
+            if out:  # given up on before, by a delivery that may have died: the same again
+                return self._stopped_waiting(out, work)
         # as they came: the loop passes them through the agent's after_tool hooks (and cuts them
         # to max_tool_result_chars) before the model sees them
         merged, fresh = with_child_results(state, session.children)
@@ -253,7 +275,11 @@ class Controls:
             await self.store.record_control(
                 work.session_id, work.turn_id, f"child:{child.call_id}", failed
             )
-        gone = cancel_children([child for child, _ in late], work.turn_id, "stopped waiting")
+        return self._stopped_waiting([child for child, _ in late], work)
+
+    def _stopped_waiting(self, children: list[ChildTurn], work: StepWork) -> list[Action]:
+        """A cancel for each child given up on, and the parked step, which merges its error."""
+        gone = cancel_children(children, work.turn_id, "stopped waiting")
         return [*gone, Step(work.model_copy(update={"wait_until": None}))]
 
     def _waiting(self, outcome: Waiting, work: StepWork, session: StepSession) -> list[Action]:

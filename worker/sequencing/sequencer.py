@@ -143,9 +143,13 @@ class SessionSequencer(Controls, Erasure):
             # accepting it and announcing or kicking it: announce again (same event id) and, if
             # it is the session's head, kick it again (a duplicate kick is dropped as stale).
             await self._emit_accepted(request, accepted.accepted_at)
+            # a child whose parent has ended: the first delivery may have died before it
+            # cancelled it
+            orphaned = await self._orphaned(request)
             if await self.store.head(request.session_id) == request.turn_id:
-                return [first_step(request.session_id, request.turn_id)]
-            return [Drop("duplicate turn request: still queued or running", "duplicate_request")]
+                return [first_step(request.session_id, request.turn_id), *orphaned]
+            drop = Drop("duplicate turn request: still queued or running", "duplicate_request")
+            return [*orphaned, drop]
         await self._emit_accepted(request, accepted.accepted_at)
         kick = (
             [first_step(request.session_id, request.turn_id)] if accepted.status == "start" else []

@@ -266,8 +266,10 @@ class SessionHandle:
         key, ttl = index
         if not self.store.cluster:
             return await self.store._save(keys=[*script_keys, key], args=args)
+        # on a cluster the index is never shortened (GT): the command runs even when the save
+        # is refused as stale
         return await self.store.beside(
-            self.store._save, script_keys, args, lambda r: r.expire(key, 2 * ttl)
+            self.store._save, script_keys, args, lambda r: r.expire(key, 2 * ttl, gt=True)
         )
 
 

@@ -169,6 +169,35 @@ SCHEDULES: dict[str, tuple[frozenset[str], Steps]] = {
         _c("children_announced,sessions_apart"),
         [turn("lead"), deliver(), deliver(0, "crash", 4)],
     ),
+    # a worker dies right after it ended a queued turn for its cancel: the cancel comes back,
+    # finds the turn finished and is dropped; its end is never announced nor answered
+    "a cancel of a queued turn redone after its end repeats the end": (
+        _c("every_turn_ends_once,every_reply_queue_answered"),
+        [
+            turn("support", turn="t1"),
+            turn("support", turn="t2"),
+            deliver(),
+            deliver(),
+            ("cancel", {"session": "A", "turn": "t2"}),
+            deliver(1, "crash", 2),
+        ],
+    ),
+    # a worker dies right after accepting a child whose parent had ended: the request comes
+    # back as a copy, is kicked, and the child runs its tools for a parent long gone
+    "a child accepted again after its parent ended runs nothing": (
+        _c("children_report_once"),
+        [
+            turn("lead"),
+            deliver(),
+            deliver(),
+            ("cancel", {"session": "A", "turn": "t1"}),
+            deliver(1),
+            deliver(1),
+            deliver(1),
+            deliver(0, "crash", 1),
+            advance(0.5),
+        ],
+    ),
 }
 
 
