@@ -222,6 +222,7 @@ class SessionHandle:
                         keys.session_fence(sid),
                         keys.session_history(sid),
                         keys.session_calls(sid),
+                        keys.session_children(sid),
                     ],
                     args,
                     (keys.turn_session(turn_id), lifetime) if turn_id else None,

@@ -5,18 +5,18 @@ once no turn of the session runs, under its lease (renewed while it works).
 Erasure first marks the session (``erasing``, in the script that checks the lease and that no
 turn is queued): while the mark's token is the session's lease (renewed by the sequencer) an
 accept writes nothing and the request comes back later, so no turn can be accepted into what
-is being deleted. It then deletes, by name, every key with the session's hash tag (state,
-history, queue, turns, requests, replies, each turn's result, controls and ``persist: false``
-messages, the redaction mapping, the notes and their idempotency record, the list of child
-sessions, the lease), each batch in a script that checks the lease and the mark,
-and what its turns left outside it: each turn's session index, the tool-call idempotency
-records of its calls (``lw:toolcall:{<turn id>:<call id>}``, named by the session's ``calls``
-set, which records each call's idempotency key with the model answer that asked for it) and its
-entries in the list of calls waiting for a decision. A key added under the session's hash tag
-is added to ``_own_keys`` (``tests/unit/test_erasure.py`` checks).
-The fence (a bare counter, no user data) stays, with its expiry (``ttl_s`` from the lease the
-erasure ran under): a worker that still holds a token from before the erasure can never write
-to the session started after it.
+is being deleted. It then deletes, by name, the tool-call idempotency records of its calls
+(``lw:toolcall:{<turn id>:<call id>}``, named by the session's ``calls`` set, which records
+each call's idempotency key with the model answer that asked for it); every key with the
+session's hash tag (state, history, queue, turns, requests, replies, each turn's result,
+controls and ``persist: false`` messages, the redaction mapping, the notes and their
+idempotency record, the lists of child sessions and of calls, the lease), each batch in a
+script that checks the lease and the mark; each turn's session index, while it names this
+session; and its entries in the list of calls waiting for a decision. No scan of the
+keyspace. A key added under the session's hash tag is added to ``_own_keys``
+(``tests/unit/test_erasure.py`` checks). The fence (a bare counter, no user data) stays,
+with its expiry (``ttl_s`` from the lease the erasure ran under): a worker that still holds a
+token from before the erasure can never write to the session started after it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 
 from contracts import keys
 from contracts.codec import decode, read_stored
+from contracts.control import ApprovalRequest
 from contracts.messages import ChatMessage
 from contracts.sessions import SessionSummary, TurnInfo, TurnStatus
 from contracts.state import AgentState
@@ -57,6 +58,7 @@ class SessionRecords:
         self.redis = redis
         self._mark = redis.register_script(scripts.ERASE_MARK)
         self._erase = redis.register_script(scripts.ERASE_KEYS)
+        self._drop_index = redis.register_script(scripts.DROP_INDEX)
 
     async def state(self, session_id: str) -> AgentState | None:
         blob = await self.redis.hget(keys.session_state(session_id), "s")
@@ -179,8 +181,12 @@ class SessionRecords:
             deleted += n
         # each finished turn's session index, outside its hash tag: nothing writes to it any
         # more
-        deleted += await self._unlink([keys.turn_session(t) for t in turn_ids])
-        await self._clear_waiting(set(turn_ids))
+        for turn_id in turn_ids:  # only while it is this session's (an old turn's id may be
+            # another session's now)
+            deleted += int(
+                await self._drop_index(keys=[keys.turn_session(turn_id)], args=[session_id])
+            )
+        await self._clear_waiting(session_id, set(turn_ids))
         return Erased(deleted, tuple(sorted(children)))
 
     async def _unlink(self, names: list[str]) -> int:
@@ -197,13 +203,15 @@ class SessionRecords:
         calls = [_text(k) for k in await self.redis.smembers(keys.session_calls(session_id))]
         return [name for k in calls for name in (keys.tool_call(k), keys.tool_call_lease(k))]
 
-    async def _clear_waiting(self, turn_ids: set[str]) -> None:
-        """The session's entries in the fleet-wide list of calls waiting for a decision."""
+    async def _clear_waiting(self, session_id: str, turn_ids: set[str]) -> None:
+        """The session's entries in the fleet-wide list of calls waiting for a decision (a
+        turn id the session used long ago may be another session's now)."""
         waiting = keys.approvals_waiting()
         fields = [
             _text(f)
-            async for f, _ in self.redis.hscan_iter(waiting, count=SCAN_COUNT)
+            async for f, v in self.redis.hscan_iter(waiting, count=SCAN_COUNT)
             if _text(f).split(":", 1)[0] in turn_ids
+            and ApprovalRequest.model_validate_json(v).session_id == session_id
         ]
         for start in range(0, len(fields), ERASE_BATCH):
             await self.redis.hdel(waiting, *fields[start : start + ERASE_BATCH])

@@ -99,8 +99,8 @@ return 0
 """
 
 # KEYS: lease state list result turns queue requests transient replies controls fence history
-#       calls [index: the turn's session index, given twice the session's expiry (on one Redis;
-#       on a cluster it is renewed beside the script)]
+#       calls children [index: the turn's session index, given twice the session's expiry (on
+#       one Redis; on a cluster it is renewed beside the script)]
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
 #       parked, n, msg..., m, call... (the idempotency keys of the tool calls the step's model
 #       answer asked for, added to ``calls``)
@@ -143,11 +143,11 @@ if ARGV[6] ~= '' then
   cancel = false
   head = redis.call('LINDEX', KEYS[6], 0) or ''
   replies = redis.call('HGET', KEYS[9], ARGV[7]) or ''
-  for i = 2, 13 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  for i = 2, 14 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 else
-  keep(ARGV[5], 2, 13)
+  keep(ARGV[5], 2, 14)
 end
-if KEYS[14] then redis.call('EXPIRE', KEYS[14], 2 * ARGV[5]) end
+if KEYS[15] then redis.call('EXPIRE', KEYS[15], 2 * ARGV[5]) end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting, cancel or ''}
 """)
@@ -232,6 +232,13 @@ else
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
 return n
+"""
+
+# A turn's session index deleted with its session, only while it names that session.
+# KEYS: index ; ARGV: session_id -> 1 (deleted) or 0
+DROP_INDEX: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 # Fleet-wide model rate limits, GCRA: each key holds its limit's theoretical arrival time (ms);
