@@ -34,6 +34,9 @@ class Record:
     """(session, turn) of every cancel delivered (and acked) while its turn had not ended."""
     approved: set[tuple[str, str]] = field(default_factory=set)
     """(turn, call) of every approve or edit decision published."""
+    decided: list[tuple[str, str, str, str]] = field(default_factory=list)
+    """(session, turn, call, verdict) of every decision delivered (and acked) while its call
+    waited for one."""
 
 
 def check(world: World, record: Record, only: frozenset[str] = frozenset()) -> list[str]:
@@ -59,6 +62,7 @@ def _checks() -> tuple[Callable[[World, Record], list[str]], ...]:
         _cancels_applied,
         _approvals,
         _approved_children,
+        _decisions_applied,
         _keys_expire,
         _daily_spend,
         _rejections,
@@ -291,6 +295,30 @@ def _first_requests(record: Record) -> dict[tuple[str, str], TurnRequest]:
     for r in record.requests:
         first.setdefault((r.session_id, r.turn_id), r)
     return first
+
+
+def _decisions_applied(world: World, record: Record) -> list[str]:
+    """A decision delivered while its call waited is what happened to the call (unless the turn
+    was cancelled meanwhile): approved or edited, it ran (a tool, or a sub-agent's child);
+    rejected, it did not."""
+    broken = []
+    results = _results(world)
+    ran = {(x.session_id, x.turn_id, x.call_id) for x in world.tools.executions}
+    ran |= {
+        (e.session_id, e.turn_id, getattr(e.data, "call_id", ""))
+        for e in world.events.events
+        if e.type == "child.started"
+    }
+    first: dict[tuple[str, str, str], str] = {}
+    for session, turn, call, verdict in record.decided:
+        first.setdefault((session, turn, call), verdict)
+    for (session, turn, call), verdict in first.items():
+        result = results.get((session, turn))
+        if result is None or result.finish_reason == "cancelled":
+            continue
+        if (verdict != "reject") != ((session, turn, call) in ran):
+            broken.append(f"turn {(session, turn)}: call {call} was decided {verdict}, lost")
+    return broken
 
 
 def _keys_expire(world: World, record: Record) -> list[str]:

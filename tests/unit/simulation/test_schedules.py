@@ -198,6 +198,20 @@ SCHEDULES: dict[str, tuple[frozenset[str], Steps]] = {
             advance(0.5),
         ],
     ),
+    # a decision is never lost: approved, the call runs; a copy of a rejection after it
+    # changes nothing
+    "a decision delivered while its call waits is what happens to the call": (
+        _c("decisions_applied,tools_run_once"),
+        [
+            turn("payer"),
+            deliver(),
+            deliver(),
+            ("decide", {"pick": 0, "verdict": "approve"}),
+            ("decide", {"pick": 0, "verdict": "reject"}),
+            deliver(0),
+            deliver(0, "crash", 2),
+        ],
+    ),
 }
 
 

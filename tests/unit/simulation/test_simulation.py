@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from contracts import topology as t
-from contracts.codec import encode, encode_obj
+from contracts.codec import decode, encode, encode_obj
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.turns import InputMessage, TurnParent, TurnRequest, TurnResult
 from tests.unit.simulation.invariants import FORGED, Record, check
@@ -167,14 +167,25 @@ class Simulation(RuleBasedStateMachine):
         elif how == "redis":
             self.world.faults.arm(fail_call=at)
         live = self._live_cancel(message)
+        waiting = self._waiting_decision(message)
         fired = self.run(self.world.deliver(index, ack_lost=how == "ack"))
         if live is not None and not fired:
             self.record.cancels.add(live)
+        if waiting is not None and not fired:
+            self.record.decided.append(waiting)
+
+    def _waiting_decision(self, message: object) -> tuple[str, str, str, str] | None:
+        """(session, turn, call, verdict) of a decision about to be delivered while its call
+        waits for one."""
+        if getattr(message, "kind", "") != t.KIND_DECISION:
+            return None
+        decision = decode(message.published.body, TurnDecision)  # type: ignore[attr-defined]
+        if f"{decision.turn_id}:{decision.call_id}" not in self.world.memory.waiting_approvals:
+            return None
+        return (decision.session_id or "", decision.turn_id, decision.call_id, decision.decision)
 
     def _live_cancel(self, message: object) -> tuple[str, str] | None:
         """(session, turn) of a cancel about to be delivered while its turn has not ended."""
-        from contracts.codec import decode
-
         if getattr(message, "kind", "") != t.KIND_CANCEL:
             return None
         cancel = decode(message.published.body, TurnCancel)  # type: ignore[attr-defined]
