@@ -29,7 +29,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
 from contracts.state import AgentState, ExecutionState, TurnTrace
 from contracts.turns import TurnError, TurnRequest, TurnResult
 from contracts.work import StepWork
@@ -52,6 +51,7 @@ from worker.sequencing.actions import (
     first_step,
     to_parent,
 )
+from worker.sequencing.announcing import Announcing
 from worker.sequencing.controls import Controls
 from worker.sequencing.erasure import Erasure, Forget
 from worker.session.leases import LeaseKeeper
@@ -69,7 +69,7 @@ async def _as_is(result: TurnResult) -> TurnResult:
     return result
 
 
-class SessionSequencer(Controls, Erasure):
+class SessionSequencer(Announcing, Controls, Erasure):
     def __init__(
         self,
         *,
@@ -373,44 +373,6 @@ class SessionSequencer(Controls, Erasure):
         if head is not None and head != work.turn_id:
             actions.append(first_step(work.session_id, head))
         return [*actions, Drop("finished turn: effects repeated", "finished_turn")]
-
-    async def _emit_finished(self, result: TurnResult) -> None:
-        event = make_event(
-            finish_event_type(result.finish_reason),
-            TurnFinished(result=result),
-            agent=result.agent,
-            time=result.completed_at,
-            turn_id=result.turn_id,
-            session_id=result.session_id,
-            parent=result.parent,
-        )
-        try:
-            await self.events.emit(event)
-        except Exception:
-            log.exception("could not publish the end of turn %s", result.turn_id)
-
-    async def _emit_accepted(self, request: TurnRequest, at: float | None) -> None:
-        """``turn.accepted`` with the time the turn was first accepted (a copy's is the same
-        event), in the publisher's trace."""
-        if self.tracing is not None:
-            with self.tracing.within(request):
-                return await self._emit_accepted_now(request, at)
-        await self._emit_accepted_now(request, at)
-
-    async def _emit_accepted_now(self, request: TurnRequest, at: float | None) -> None:
-        event = make_event(
-            "turn.accepted",
-            TurnAccepted(persist=request.persist, input_messages=len(request.input)),
-            agent=request.agent,
-            time=self.clock() if at is None else at,
-            turn_id=request.turn_id,
-            session_id=request.session_id,
-            parent=request.parent,
-        )
-        try:
-            await self.events.emit(event)
-        except Exception:
-            log.exception("could not publish turn.accepted for %s", request.turn_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from contracts import topology as t
 from contracts.base import SAFE_ID_PATTERN
-from contracts.codec import DecodeError, decode, decode_obj
+from contracts.codec import DecodeError, decode
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import UNKNOWN, TurnRejected, make_event
 from contracts.runtime.tracing import header_traceparent, header_tracestate
@@ -59,6 +59,14 @@ from worker.runtime import failpoints
 from worker.runtime.metrics import WorkerMetrics
 from worker.sequencing.actions import Action, Answer, Busy, Control, Delay, Drop, Reply, Start, Step
 from worker.sequencing.sequencer import SessionSequencer
+from worker.transport.delivery import (
+    channel_closed,
+    child_request,
+    count,
+    readable_ids,
+    step_work,
+    taken_before,
+)
 from worker.transport.outbox import Outbox
 from worker.transport.publish import Publisher, properties
 from worker.transport.senders import Senders
@@ -150,7 +158,7 @@ class Consumer:
         try:
             if not self.broker_up.is_set():
                 await self.broker_up.wait()
-                if _channel_closed(message):
+                if channel_closed(message):
                     return  # the broker delivers it again: no step for a delivery that is gone
             headers: dict[str, Any] = message.headers  # read only: a step holds it to its end
             settlement = await self._work(message, headers)
@@ -161,14 +169,14 @@ class Consumer:
     async def _work(self, message: AbstractIncomingMessage, headers: dict[str, Any]) -> Settlement:
         """Do what the message asks, publishing what follows; say how to settle it."""
         try:
-            deliveries = _count(headers, "x-delivery-count")
-            _count(headers, t.H_ATTEMPT)
+            deliveries = count(headers, "x-delivery-count")
+            count(headers, t.H_ATTEMPT)
             if deliveries >= self.poison_after:
                 raise PermanentError(
                     f"delivered {deliveries + 1} times without being done (it may crash workers)",
                     code="poison",
                 )
-            redone = _redone(message, headers)
+            redone = taken_before(message, headers)
             actions = await self._dispatch(message.body, headers, redone, message.user_id)
             return await self._perform(actions)
         except DecodeError as exc:
@@ -191,7 +199,7 @@ class Consumer:
             return Retry("transient")
         except Exception as exc:
             log.exception("step failed")
-            attempt = _count(headers, t.H_ATTEMPT) + 1
+            attempt = count(headers, t.H_ATTEMPT) + 1
             if attempt >= self.max_step_attempts:
                 return DeadLetter(
                     f"step failed {attempt} times: {type(exc).__name__}: {exc}", "step_failed"
@@ -258,10 +266,10 @@ class Consumer:
     async def _retry(
         self, message: AbstractIncomingMessage, headers: dict[str, Any], retry: Retry
     ) -> None:
-        attempt = _count(headers, t.H_ATTEMPT, bad=0) + (1 if retry.failed else 0)
+        attempt = count(headers, t.H_ATTEMPT, bad=0) + (1 if retry.failed else 0)
         # work that was taken (not only found busy) comes back as taken before: a step it
         # saved publishes what followed it again
-        redone = retry.reason != "busy" or _redone(message, headers)
+        redone = retry.reason != "busy" or taken_before(message, headers)
         # One delay for every retry: messages in the delay queue expire in order, so a longer
         # backoff would hold back the short retries queued behind it.
         await self.publisher.publish(
@@ -289,7 +297,7 @@ class Consumer:
         done now."""
         headers = dict(message.headers or {})
         reason = letter.reason.replace("\n", " ")[:1000]
-        step = _step_work(message.body) if headers.get(t.H_KIND) == t.KIND_STEP else None
+        step = step_work(message.body) if headers.get(t.H_KIND) == t.KIND_STEP else None
         if step is not None:
             try:
                 ended = await self._perform(await self.work.fail_turn(step, letter.code, reason))
@@ -305,7 +313,7 @@ class Consumer:
             if isinstance(ended, Retry):
                 return ended
         child = (
-            _child_request(message.body)
+            child_request(message.body)
             if headers.get(t.H_KIND, t.KIND_START) == t.KIND_START and letter.code != "forbidden"
             else None
         )
@@ -344,7 +352,7 @@ class Consumer:
         to ack on: the broker delivers the message again. A delivery channel that is still
         open (restored before the others, or another channel was lost alone) would hold the
         message unacked for good: it is returned to the queue once the connection is whole."""
-        if _channel_closed(message):
+        if channel_closed(message):
             log.warning(
                 "could not finish work message %s, the broker connection is down (%r): "
                 "it will be delivered again",
@@ -365,7 +373,7 @@ class Consumer:
             await message.nack(requeue=True)
 
     async def _announce_rejected(self, body: bytes, reason: str, code: str) -> None:
-        turn_id, agent, session_id = _readable_ids(body)
+        turn_id, agent, session_id = readable_ids(body)
         if turn_id is None:
             return
         event = make_event(
@@ -380,66 +388,3 @@ class Consumer:
             await self.events.emit(event)
         except Exception:
             log.exception("could not publish turn.rejected")
-
-
-def _channel_closed(message: AbstractIncomingMessage) -> bool:
-    """Whether the channel the message was delivered on is closed (nothing to settle it on)."""
-    try:
-        message.channel  # noqa: B018 - raises when the delivery channel is closed
-    except ChannelInvalidStateError:
-        return True
-    return False
-
-
-def _count(headers: dict[str, Any], name: str, *, bad: int | None = None) -> int:
-    """A count header (``x-delivery-count``, the attempt); one that is not a count is bad
-    input (``DecodeError``), or ``bad`` where given."""
-    value = headers.get(name, 0)
-    if type(value) is int and value >= 0:
-        return value
-    if bad is not None:
-        return bad
-    raise DecodeError(f"header {name} is not a count: {str(value)[:64]!r}", code="bad_header")
-
-
-def _redone(message: AbstractIncomingMessage, headers: dict[str, Any]) -> bool:
-    """Whether the message was taken before: redelivered by the broker, or sent again through
-    the delay queue after it was taken (``x-loopwire-redone``, a failed attempt)."""
-    return bool(
-        message.redelivered
-        or _count(headers, "x-delivery-count", bad=0)
-        or _count(headers, t.H_ATTEMPT, bad=0)
-        or headers.get(t.H_REDONE) is True
-    )
-
-
-def _step_work(body: bytes) -> StepWork | None:
-    try:
-        return decode(body, StepWork)
-    except DecodeError:
-        return None
-
-
-def _child_request(body: bytes) -> TurnRequest | None:
-    """The child turn's request in a rejected message, where it is one."""
-    try:
-        request = decode(body, TurnRequest)
-    except DecodeError:
-        return None
-    return request if request.parent is not None else None
-
-
-def _readable_ids(body: bytes) -> tuple[str | None, str | None, str | None]:
-    """The turn id, agent and session id of a rejected message, where they can be read safely."""
-    try:
-        obj = decode_obj(body)
-    except DecodeError:
-        return None, None, None
-    if not isinstance(obj, dict):
-        return None, None, None
-
-    def pick(key: str) -> str | None:
-        value = obj.get(key)
-        return value if isinstance(value, str) and _SAFE_ID.match(value) else None
-
-    return pick("turn_id"), pick("agent"), pick("session_id")

@@ -1,0 +1,82 @@
+"""What a delivery on ``loopwire.turns`` says about itself, read safely: its count headers,
+whether it was taken before, its channel, and what a rejected body lets be read (its ids, a
+child's request, a step)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aio_pika.abc import AbstractIncomingMessage
+from aiormq.exceptions import ChannelInvalidStateError
+
+from contracts import topology as t
+from contracts.base import SAFE_ID_PATTERN
+from contracts.codec import DecodeError, decode, decode_obj
+from contracts.turns import TurnRequest
+from contracts.work import StepWork
+
+_SAFE_ID = re.compile(SAFE_ID_PATTERN)
+
+
+def channel_closed(message: AbstractIncomingMessage) -> bool:
+    """Whether the channel the message was delivered on is closed (nothing to settle it on)."""
+    try:
+        message.channel  # noqa: B018 - raises when the delivery channel is closed
+    except ChannelInvalidStateError:
+        return True
+    return False
+
+
+def count(headers: dict[str, Any], name: str, *, bad: int | None = None) -> int:
+    """A count header (``x-delivery-count``, the attempt); one that is not a count is bad
+    input (``DecodeError``), or ``bad`` where given."""
+    value = headers.get(name, 0)
+    if type(value) is int and value >= 0:
+        return value
+    if bad is not None:
+        return bad
+    raise DecodeError(f"header {name} is not a count: {str(value)[:64]!r}", code="bad_header")
+
+
+def taken_before(message: AbstractIncomingMessage, headers: dict[str, Any]) -> bool:
+    """Whether the message was taken before: redelivered by the broker, or sent again through
+    the delay queue after it was taken (``x-loopwire-redone``, a failed attempt)."""
+    return bool(
+        message.redelivered
+        or count(headers, "x-delivery-count", bad=0)
+        or count(headers, t.H_ATTEMPT, bad=0)
+        or headers.get(t.H_REDONE) is True
+    )
+
+
+def step_work(body: bytes) -> StepWork | None:
+    try:
+        return decode(body, StepWork)
+    except DecodeError:
+        return None
+
+
+def child_request(body: bytes) -> TurnRequest | None:
+    """The child turn's request in a rejected message, where it is one."""
+    try:
+        request = decode(body, TurnRequest)
+    except DecodeError:
+        return None
+    return request if request.parent is not None else None
+
+
+def readable_ids(body: bytes) -> tuple[str | None, str | None, str | None]:
+    """The turn id, agent and session id of a rejected message, where they can be read safely."""
+    try:
+        obj = decode_obj(body)
+    except DecodeError:
+        return None, None, None
+    if not isinstance(obj, dict):
+        return None, None, None
+
+    def pick(key: str) -> str | None:
+        value = obj.get(key)
+        return value if isinstance(value, str) and _SAFE_ID.match(value) else None
+
+    return pick("turn_id"), pick("agent"), pick("session_id")
