@@ -49,6 +49,8 @@ class Simulation(RuleBasedStateMachine):
         self.world = World()
         self.record = Record()
         self.only = _ONLY
+        self.published_at: dict[tuple[str, str], float] = {}
+        """When each (session, turn id) was first published."""
         """The checks to make at the end (all when empty)."""
 
     def run(self, coro: object) -> object:
@@ -64,8 +66,12 @@ class Simulation(RuleBasedStateMachine):
     )
     def publish_turn(self, session: str, turn: str, agent: str, deadline: float | None) -> None:
         """A turn request; a turn id this session used before is the publisher's retry of that
-        same request (another session may reuse the id for a turn of its own)."""
+        same request, within the sessions' idle lifetime (another session may reuse the id for
+        a turn of its own)."""
         earlier = [r for r in self.record.requests if (r.session_id, r.turn_id) == (session, turn)]
+        first = self.published_at.setdefault((session, turn), self.world.now)
+        if self.world.now - first > SESSION_TTL_S - 60:
+            return  # no publisher retries a request that long: a new turn takes a new id
         request = (
             earlier[0]
             if earlier
