@@ -6,7 +6,6 @@ them out; a handle knows of it only what ``HandleStore`` says.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -27,6 +26,7 @@ from worker.loop.transcript import StoredMessages
 from worker.runtime import failpoints
 from worker.session.blobs import _bytes, _unpack
 from worker.session.port import Opening, SessionStore, list_waiting
+from worker.session.port import lifetime as session_lifetime
 
 
 class HandleStore(SessionStore, Protocol):
@@ -188,7 +188,7 @@ class SessionHandle:
         appended = [encode(m) for m in append]
         blob = self.store.encode_state(state)
         parked = _parked_arg(state, self.parked)
-        lifetime = _lifetime(state, self.store.ttl_s, self.store.clock())
+        lifetime = session_lifetime(state, self.store.ttl_s, self.store.clock())
         args: list[Any] = [
             self.token,
             state.version,
@@ -297,16 +297,6 @@ def _parked_arg(state: AgentState, parked: int | None) -> str:
         index = ex.pending.index if ex.pending is not None else len(ex.steps)
         return "" if parked == index else str(index)
     return "-" if parked is not None else ""
-
-
-def _lifetime(state: AgentState, ttl_s: int, now: float) -> int:
-    """How long every key of the session lives at least after a save of ``state``: ``ttl_s``,
-    and a parked turn's ``ttl_s`` past the end of its wait."""
-    ex = state.execution
-    wait = ex.wait if ex is not None and ex.status == "waiting" else None
-    if wait is None or wait.until is None:
-        return ttl_s
-    return ttl_s + max(0, math.ceil(wait.until - now))
 
 
 def _asks_model(state: AgentState) -> bool:

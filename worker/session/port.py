@@ -15,6 +15,7 @@ keeps the same rules in a dict, and both pass the same contract tests
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -192,3 +193,13 @@ async def list_waiting(store: SessionStore, state: AgentState) -> None:
     requests, decided = waiting_list(state)
     await store.note_approvals(requests)
     await store.clear_approvals(turn_of(state).turn_id, decided)
+
+
+def lifetime(state: AgentState, ttl_s: float, now: float) -> int:
+    """How long every key of the session lives at least after a save of ``state`` (both
+    stores): ``ttl_s``, and a parked turn's ``ttl_s`` past the end of its wait."""
+    ex = state.execution
+    wait = ex.wait if ex is not None and ex.status == "waiting" else None
+    if wait is None or wait.until is None:
+        return math.ceil(ttl_s)
+    return math.ceil(ttl_s) + max(0, math.ceil(wait.until - now))

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -63,7 +62,6 @@ from redis.exceptions import NoScriptError
 from contracts import keys
 from contracts.base import Contract
 from contracts.codec import decode, encode, encode_stored, read_stored
-from contracts.control import ApprovalRequest
 from contracts.messages import ChatMessage
 from contracts.runtime.redis_client import is_cluster
 from contracts.state import AgentState, Spend
@@ -71,6 +69,7 @@ from contracts.turns import TurnRequest, TurnResult
 from worker.loop.transcript import StoredMessages
 from worker.session import scripts
 from worker.session.blobs import _bytes, _unpack
+from worker.session.fleet import FleetLists
 from worker.session.handle import SessionHandle
 from worker.session.port import (
     RENEWALS,
@@ -80,11 +79,9 @@ from worker.session.port import (
     Recorded,
     Renewal,
     StepSession,
-    listed,
 )
 
 DEFAULT_TTL_S: Final = 30 * 24 * 3600
-SPEND_CACHE_S: Final = 1.0
 Timed = Callable[[str], AbstractContextManager[object]]
 """Wraps one store operation by name (``accept``, ``lease``, ``save`` …), e.g. to time it."""
 StateFormat = Literal["json", "msgpack"]
@@ -94,7 +91,7 @@ def _untimed(_operation: str) -> AbstractContextManager[object]:
     return contextlib.nullcontext()
 
 
-class RedisStore:
+class RedisStore(FleetLists):
     """The session store; ``SessionHandle`` is its ``StateStore`` for one leased step."""
 
     def __init__(
@@ -216,33 +213,6 @@ class RedisStore:
         at = _bytes(parked[0]).decode() if parked else ""
         return Recorded(_bytes(status).decode(), int(at) if at else None)  # type: ignore[arg-type]
 
-    async def spent_today(self, agent: str) -> Spend:
-        """The agent's spend today, read at most once a second per agent (it moves by whole
-        turns; a second's lag is nothing against a day)."""
-        now = self.clock()
-        cached = self._spent.get(agent)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        with self.timed("read"):
-            values = await self.redis.hgetall(keys.agent_spend(agent, _day(now)))
-        fields = {_bytes(k).decode(): float(_bytes(v)) for k, v in values.items()}
-        spend = Spend.model_validate(
-            {k: int(v) if k != "cost_usd" and k != "wall_s" else v for k, v in fields.items()}
-        )
-        self._spent[agent] = (now + SPEND_CACHE_S, spend)
-        return spend
-
-    async def add_spent(self, agent: str, spend: Spend) -> None:
-        key = keys.agent_spend(agent, _day(self.clock()))
-        with self.timed("write"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hincrby(key, "total_tokens", spend.total_tokens)
-                pipe.hincrbyfloat(key, "cost_usd", spend.cost_usd)
-                pipe.hincrby(key, "tool_calls", spend.tool_calls)
-                pipe.hincrbyfloat(key, "wall_s", spend.wall_s)
-                pipe.expire(key, 2 * 24 * 3600)
-                await pipe.execute()
-
     async def note_children(self, session_id: str, child_sessions: Sequence[str]) -> None:
         if child_sessions:
             key = keys.session_children(session_id)
@@ -251,40 +221,6 @@ class RedisStore:
                     pipe.sadd(key, *child_sessions)
                     pipe.expire(key, self.ttl_s)
                     await pipe.execute()
-
-    async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
-        """The entries are listed until their ``until`` (read past it, an entry is dropped);
-        the hash expires with the latest of them (a later wait extends it, never shortens it)."""
-        if requests:
-            key = keys.approvals_waiting()
-            fields: dict[str | bytes, str | bytes] = {
-                f"{r.turn_id}:{r.call_id}": r.model_dump_json() for r in requests
-            }
-            until = max((r.until for r in requests if r.until is not None), default=None)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-                if until is not None:
-                    at = math.ceil(until)
-                    pipe.expireat(key, at, nx=True)  # a hash without expiry gets one
-                    pipe.expireat(key, at, gt=True)
-                await pipe.execute()
-
-    async def clear_approvals(self, turn_id: str, call_ids: Sequence[str]) -> None:
-        if call_ids:
-            fields = [f"{turn_id}:{call_id}" for call_id in call_ids]
-            await self.redis.hdel(keys.approvals_waiting(), *fields)
-
-    async def approvals(self) -> list[ApprovalRequest]:
-        key, now = keys.approvals_waiting(), self.clock()
-        entries = {
-            field: ApprovalRequest.model_validate_json(value)
-            for field, value in (await self.redis.hgetall(key)).items()
-        }
-        timed_out = [field for field, r in entries.items() if not listed(r, now)]
-        if timed_out:
-            await self.redis.hdel(key, *timed_out)
-        found = [r for r in entries.values() if listed(r, now)]
-        return sorted(found, key=lambda r: r.since)
 
     async def end_queued(
         self, session_id: str, turn_id: str, result: TurnResult
@@ -411,10 +347,6 @@ def _accepted(status: bytes | str, payload: Any, at: list[Any]) -> Accepted:
     if status == "erasing":
         return Accepted("erasing")
     return Accepted("start" if status == "start" else "pending", accepted_at=accepted_at)
-
-
-def _day(now: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(now))
 
 
 def _time(value: bytes | str) -> float | None:

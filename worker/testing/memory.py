@@ -9,16 +9,18 @@ contract tests as the Redis store (``tests/integration/test_session_store_contra
 directly as a ``StateStore`` it runs turns in this process without leases (``Loop.run_turn``);
 ``take`` gives a fenced ``StepSession`` as the worker uses it.
 
+Its save (``worker.testing.saving``), its expiry rules (``worker.testing.expiring``) and its
+fleet-wide lists (``worker.testing.fleet``) are mixed in from modules of their own.
+
 The in-process doubles of the loop's ports (``StaticCatalog``, ``FunctionTools``,
 ``ListSink``) live in ``worker.testing.doubles`` and are importable from here too.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from contracts import keys
 from contracts.base import Contract
@@ -35,10 +37,11 @@ from worker.session.port import (
     Renewal,
     StepSession,
     list_waiting,
-    listed,
 )
 from worker.testing.doubles import FunctionTools, ListSink, StaticCatalog, ToolFunction
+from worker.testing.fleet import MemoryFleetLists
 from worker.testing.keyspace import Keyspace
+from worker.testing.saving import SaveScript
 
 __all__ = [
     "FunctionTools",
@@ -66,7 +69,7 @@ class MemoryParked:
         return self.state
 
 
-class MemoryStore:
+class MemoryStore(SaveScript, MemoryFleetLists):
     """The session store in dicts, with the Redis store's compare-and-set, lease and expiry
     rules. ``clock`` drives the leases and the keys' expiry (``keys``: every live entry by its
     Redis key's name); ``wall_clock`` is the time a wait's ``until`` is in."""
@@ -219,43 +222,11 @@ class MemoryStore:
         self._keep(self.ttl_s, self._kept(session_id))
         return Recorded("recorded", at)
 
-    async def spent_today(self, agent: str) -> Spend:
-        return self.spend.get(agent, Spend())
-
-    async def add_spent(self, agent: str, spend: Spend) -> None:
-        self.spend[agent] = self.spend.get(agent, Spend()) + spend
-
     async def note_children(self, session_id: str, child_sessions: Sequence[str]) -> None:
         self.keys.sweep()
         if child_sessions:
             self.children.setdefault(session_id, set()).update(child_sessions)
             self._expire(keys.session_children(session_id), self._pop(self.children, session_id))
-
-    async def note_approvals(self, requests: Sequence[ApprovalRequest]) -> None:
-        self.keys.sweep()
-        for r in requests:
-            self.waiting_approvals[f"{r.turn_id}:{r.call_id}"] = r
-        if self.waiting_approvals:
-            key = keys.approvals_waiting()
-            self.keys.written(key, self.waiting_approvals.clear)
-            until = max((r.until for r in requests if r.until is not None), default=None)
-            if until is not None:  # the hash expires with its latest wait (EXPIREAT NX, GT)
-                self.keys.extend(key, until - self.wall_clock())
-
-    async def clear_approvals(self, turn_id: str, call_ids: Sequence[str]) -> None:
-        self.keys.sweep()
-        for call_id in call_ids:
-            self.waiting_approvals.pop(f"{turn_id}:{call_id}", None)
-        if not self.waiting_approvals:
-            self.keys.deleted(keys.approvals_waiting())
-
-    async def approvals(self) -> list[ApprovalRequest]:
-        self.keys.sweep()
-        now = self.wall_clock()
-        for field, r in list(self.waiting_approvals.items()):
-            if not listed(r, now):
-                del self.waiting_approvals[field]
-        return sorted(self.waiting_approvals.values(), key=lambda r: r.since)
 
     async def end_queued(
         self, session_id: str, turn_id: str, result: TurnResult
@@ -339,129 +310,6 @@ class MemoryStore:
     def _holds(self, session: StepSession) -> bool:
         held = self.leases.get(session.session_id)
         return held is not None and held[0] == session.token and held[1] > self.clock()
-
-    def _write(
-        self, state: AgentState, append: Sequence[ChatMessage], result: TurnResult | None
-    ) -> tuple[AgentState, str | None]:
-        """The save script: the state on its version, the messages, and a turn's end."""
-        self.keys.sweep()
-        sid = state.session_id
-        stored = self.states.get(sid)
-        if (stored.version if stored else 0) != state.version:
-            raise StaleStateError(f"session {sid} was written by someone else")
-        ex = state.execution
-        saved = state.model_copy(update={"version": state.version + 1})
-        self.states[sid] = saved
-        self.keys.written(keys.session_state(sid), self._pop(self.states, sid))
-        if append:
-            self._append(sid, ex.turn_id if ex and not ex.request.persist else None, append)
-        head = None
-        turn_id = ex.turn_id if ex is not None else ""
-        if result is not None:
-            head = self._end(sid, result)
-            self._index_lives(result.turn_id, self.ttl_s)
-        else:
-            lifetime = self._lifetime(state)
-            self._keep(lifetime, self._kept(sid, turn_id))
-            self._index_lives(turn_id, lifetime)
-        return saved, head
-
-    def _index_lives(self, turn_id: str, lifetime: float) -> None:
-        """``EXPIRE`` of the turn's session index, with every save of the turn: twice the
-        lifetime the save gives the session's keys (the index outlives every key of its turn)."""
-        if turn_id:
-            self.keys.expire(keys.turn_session(turn_id), 2 * lifetime)
-
-    def _append(self, sid: str, transient: str | None, append: Sequence[ChatMessage]) -> None:
-        """The messages on the session's history, or on a ``persist: false`` turn's list."""
-        if transient is None:
-            self.histories.setdefault(sid, []).extend(append)
-            self._expire(keys.session_history(sid), self._pop(self.histories, sid))
-        else:
-            self.transient.setdefault((sid, transient), []).extend(append)
-            key = keys.turn_transient(sid, transient)
-            self._expire(key, self._pop(self.transient, (sid, transient)))
-
-    def _end(self, sid: str, result: TurnResult) -> str | None:
-        """A turn's end, in the save script: its result, its status, the queue moves on; the
-        session's keys expire ``ttl_s`` from now. The session's next turn, if any."""
-        t = result.turn_id
-        self._set_result(sid, t, result)
-        self.turns.setdefault(sid, {})[t] = "done"
-        queue = self.queues.get(sid, [])
-        if queue and queue[0] == t:
-            queue.pop(0)
-        self._emptied(keys.session_queue(sid), self.queues, sid)
-        self.requests.get(sid, {}).pop(t, None)
-        self._emptied(keys.session_requests(sid), self.requests, sid)
-        if self.transient.pop((sid, t), None) is not None:
-            self.keys.deleted(keys.turn_transient(sid, t))
-        self._drop_controls((sid, t))
-        for key in self._kept(sid):
-            self.keys.expire(key, self.ttl_s)
-        return queue[0] if queue else None
-
-    def _set_result(self, sid: str, turn_id: str, result: TurnResult) -> None:
-        self.results[sid, turn_id] = result
-        key = keys.turn_result(sid, turn_id)
-        self.keys.expire(key, self.ttl_s, self._pop(self.results, (sid, turn_id)))
-
-    def _expire_controls(self, key: tuple[str, str]) -> None:
-        self._expire(keys.turn_controls(*key), self._pop(self.controls, key))
-
-    def _drop_controls(self, key: tuple[str, str]) -> None:
-        self.controls.pop(key, None)
-        self.keys.deleted(keys.turn_controls(*key))
-
-    def _expire(self, key: str, drop: Callable[[], None]) -> None:
-        """``key`` written, and kept alive at least ``ttl_s`` more."""
-        self.keys.written(key, drop)
-        self.keys.extend(key, self.ttl_s)
-
-    def _kept(self, sid: str, turn_id: str = "") -> list[str]:
-        """The session's keys that every script naming the session keeps alive (and a turn's
-        controls and ``persist: false`` list)."""
-        names = [
-            keys.session_state(sid),
-            keys.session_history(sid),
-            keys.session_fence(sid),
-            keys.session_queue(sid),
-            keys.session_turns(sid),
-            keys.session_requests(sid),
-            keys.session_replies(sid),
-        ]
-        if turn_id:
-            names += [keys.turn_controls(sid, turn_id), keys.turn_transient(sid, turn_id)]
-        return names
-
-    def _keep(self, lifetime: float, names: Sequence[str]) -> None:
-        """Each of ``names`` that exists lives at least ``lifetime`` more (the scripts' keep)."""
-        for name in names:
-            self.keys.extend(name, lifetime)
-
-    def _lifetime(self, state: AgentState) -> float:
-        """How long a save of ``state`` keeps the session's keys: ``ttl_s``, and a parked
-        turn's ``ttl_s`` past the end of its wait."""
-        ex = state.execution
-        wait = ex.wait if ex is not None and ex.status == "waiting" else None
-        if wait is None or wait.until is None:
-            return self.ttl_s
-        return self.ttl_s + max(0.0, math.ceil(wait.until - self.wall_clock()))
-
-    def _emptied(self, key: str, table: dict[str, Any], sid: str) -> None:
-        """Redis drops an emptied list or hash, with its expiry."""
-        if sid in table and not table[sid]:
-            del table[sid]
-            self.keys.deleted(key)
-
-    @staticmethod
-    def _pop(table: dict[_K, Any], key: _K) -> Callable[[], None]:
-        """What deletes the entry ``key`` of ``table`` (the key's expiry)."""
-
-        def drop() -> None:
-            table.pop(key, None)
-
-        return drop
 
 
 class MemorySession:
