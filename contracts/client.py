@@ -20,7 +20,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
 from aio_pika.abc import (
@@ -29,13 +29,14 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from contracts import tenancy
 from contracts import topology as t
 from contracts.codec import DecodeError, decode, encode
 from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
 from contracts.handle import FINAL_EVENTS, TurnHandle, TurnRejectedError, publish_control
-from contracts.publishing import publishing_exchange
-from contracts.runtime.amqp import DEFAULT_URL, connect, resolve_urls
+from contracts.publishing import IntakeProbe, Vouched, intake_exchange, publishing_exchange
+from contracts.runtime.amqp import DEFAULT_URL, connect, login, resolve_urls
 from contracts.runtime.tls import TlsFiles
 from contracts.runtime.tracing import inject
 from contracts.session_client import Sessions
@@ -71,6 +72,7 @@ class LoopwireClient:
         *,
         reconnect_s: float = 1.0,
         tls: TlsFiles | None = None,
+        tenant: str | None = None,
     ) -> None:
         """``amqp_url``: one URL, or a list of them (one per node of a RabbitMQ cluster; also
         as one comma-separated string): the client fails over between them. ``tls``: the CA
@@ -78,7 +80,15 @@ class LoopwireClient:
         server's certificate and host name are always verified).
 
         ``LoopwireClient("amqps://user:pw@rabbit:5671/", tls=TlsFiles(ca_file=Path("ca.pem")))``
+
+        ``tenant``: the client's tenant, for a fleet with tenancy on (docs/tenants.md): its
+        messages carry its user (``user_id``) and this tenant, and it follows events within
+        it (routing keys ``<tenant>.…``). A trusted user (the HTTP gateway) names the tenant
+        it acts for here.
         """
+        if tenant is not None and not tenancy.valid(tenant):
+            raise ValueError(f"not a tenant name: {tenant[:64]!r}")
+        self.tenant = tenant
         self.amqp_urls = (
             resolve_urls(urls=amqp_url) if isinstance(amqp_url, str) else tuple(amqp_url)
         )
@@ -125,6 +135,11 @@ class LoopwireClient:
         self._connection.reconnect_callbacks.add(self._ask_again)
         self._channel = await self._connection.channel(publisher_confirms=True)
         self._requests = await publishing_exchange(self._connection, self._channel)
+        if self.tenant is not None:
+            intake = await intake_exchange(self._connection, self._channel)
+            probe = IntakeProbe(self._connection, self.tenant)
+            vouched = Vouched(self._requests, login(self.amqp_url), self.tenant, intake, probe)
+            self._requests = cast(AbstractExchange, vouched)
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -174,7 +189,7 @@ class LoopwireClient:
         texts = [input] if isinstance(input, str) else list(input)
         turn_id = turn_id or new_id()
         queue = await self.channel.declare_queue(_queue_name(), exclusive=True, auto_delete=True)
-        await queue.bind(t.EVENTS_EXCHANGE, routing_key=f"*.*.*.{turn_id}")
+        await queue.bind(t.EVENTS_EXCHANGE, routing_key=self._within(f"*.*.*.{turn_id}"))
         request = TurnRequest(
             turn_id=turn_id,
             session_id=session_id or new_id(),
@@ -271,10 +286,14 @@ class LoopwireClient:
             if event.turn_id == root_turn_id or event.root_turn_id == root_turn_id:
                 yield event
 
+    def _within(self, pattern: str) -> str:
+        """An event binding within the client's tenant (as published, ``contracts.tenancy``)."""
+        return pattern if self.tenant is None else f"{self.tenant}.{pattern}"
+
     async def subscribe(self, pattern: str = "#") -> AsyncIterator[Event]:
         """Every event whose routing key matches ``pattern`` (e.g. ``tool.invoked.#``), from now on."""
         queue = await self.channel.declare_queue(_queue_name(), exclusive=True, auto_delete=True)
-        await queue.bind(t.EVENTS_EXCHANGE, routing_key=pattern)
+        await queue.bind(t.EVENTS_EXCHANGE, routing_key=self._within(pattern))
         async with queue.iterator(no_ack=True) as messages:
             async for message in messages:
                 try:

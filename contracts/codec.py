@@ -11,6 +11,7 @@ readable reason, never a crash.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final, TypeVar
 
 import msgpack
@@ -97,15 +98,35 @@ def decode_obj(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
             ext_hook=_reject_ext,
         )
     except msgpack.ExtraData:
+        if _is_json(data):
+            raise DecodeError(NOT_MSGPACK_JSON) from None
         raise DecodeError("trailing bytes after the message") from None
     except msgpack.StackError:
         raise DecodeError("message nests too deeply") from None
     except UnicodeDecodeError as exc:
         raise DecodeError(f"invalid UTF-8 in a string: {exc.reason}") from None
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        if _is_json(data):
+            raise DecodeError(NOT_MSGPACK_JSON) from None
         raise DecodeError(f"not valid msgpack: {_short(str(exc)) or type(exc).__name__}") from None
     _check_structure(obj)
     return obj
+
+
+NOT_MSGPACK_JSON: Final = (
+    "not msgpack: the body is JSON; encode it as msgpack (content type application/msgpack)"
+)
+
+
+def _is_json(data: bytes) -> bool:
+    """Whether a body that msgpack refused is a JSON text (a publisher's usual mistake)."""
+    if data.lstrip()[:1] not in (b"{", b"[", b'"'):
+        return False
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
 
 
 def decode(data: bytes, model: type[M], *, max_bytes: int = MAX_MESSAGE_BYTES) -> M:
@@ -175,10 +196,20 @@ def _binary() -> DecodeError:
 
 def _errors(exc: ValidationError) -> str:
     parts = []
-    for err in exc.errors(include_url=False, include_input=False)[:5]:
+    errors = exc.errors(include_url=False, include_input=False)
+    # an item that failed also leaves its list short ("should have at least 1 item"): only the
+    # item's own error says what is wrong
+    errors = [
+        e
+        for e in errors
+        if not any(
+            len(o["loc"]) > len(e["loc"]) and o["loc"][: len(e["loc"])] == e["loc"] for o in errors
+        )
+    ]
+    for err in errors[:5]:
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         parts.append(f"{loc}: {err['msg']}")
-    more = exc.error_count() - len(parts)
+    more = len(errors) - len(parts)
     if more > 0:
         parts.append(f"and {more} more")
     return _short("; ".join(parts), 1000)

@@ -145,7 +145,9 @@ class ApprovalDecided(Contract):
 
 
 class BudgetExhausted(Contract):
-    budget: str = Field(description="'<scope>.<limit>': scope turn, session or agent_day.")
+    budget: str = Field(
+        description="'<scope>.<limit>': scope turn, session, agent_day or tenant_day."
+    )
     limit: float
     used: float
     final_call: bool = Field(description="Whether one last model call (without tools) follows.")

@@ -24,7 +24,7 @@ from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
 from contracts.session_client import Sessions
 from contracts.streaming import StreamText, follow_text
-from contracts.turns import TurnRequest, TurnResult
+from contracts.turns import TurnRejection, TurnRequest, TurnResult
 
 log = logging.getLogger("loopwire.client")
 
@@ -83,6 +83,9 @@ class TurnHandle:
                     self._accepted.set_result(None)
                 await self._events.put(result)
                 return
+            if message.type == "turn.rejection":  # the worker's answer to a refused request
+                self._reject(decode(message.body, TurnRejection).reason)
+                return
             event = decode(message.body, Event)
         except DecodeError:
             return
@@ -94,12 +97,16 @@ class TurnHandle:
         # The result is the direct reply (the publisher's copy), never the turn.completed /
         # turn.failed event's copy: they differ when the agent redacts (the event keeps the
         # placeholders). A finished turn always replies, also to a repeated step or request.
-        data = event.data
-        if event.type == "turn.rejected" and not self._result.done():
-            error = TurnRejectedError(getattr(data, "reason", "rejected"))
-            self._result.set_exception(error)
-            if not self._accepted.done():
-                self._accepted.set_exception(error)
+        if event.type == "turn.rejected":
+            self._reject(getattr(event.data, "reason", "rejected"))
+
+    def _reject(self, reason: str) -> None:
+        if self._result.done():
+            return
+        error = TurnRejectedError(reason)
+        self._result.set_exception(error)
+        if not self._accepted.done():
+            self._accepted.set_exception(error)
 
     async def events(self) -> AsyncIterator[Event]:
         """The turn's events in order, ending with turn.completed / turn.failed / turn.rejected."""

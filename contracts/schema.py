@@ -18,11 +18,12 @@ from contracts.events import Event
 from contracts.sessions import SessionDelete, SessionQuery, SessionReply
 from contracts.state import AgentState
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
-from contracts.turns import TurnRequest, TurnResult
+from contracts.turns import TurnRejection, TurnRequest, TurnResult
 
 PUBLIC_CONTRACTS: dict[str, type[BaseModel]] = {
     "TurnRequest": TurnRequest,
     "TurnResult": TurnResult,
+    "TurnRejection": TurnRejection,
     "TurnCancel": TurnCancel,
     "TurnDecision": TurnDecision,
     "TurnChildResult": TurnChildResult,

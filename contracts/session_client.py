@@ -73,6 +73,14 @@ class Sessions:
         reply = await self._read(query, missing_ok=True)
         return reply.result
 
+    async def turn(self, turn_id: str, session_id: str | None = None) -> TurnInfo | None:
+        """A turn's status (``queued``, ``running``, ``waiting``, ``done`` with its
+        ``finish_reason``), or ``None`` when no worker has accepted a turn of that id (or its
+        records have expired)."""
+        query = SessionQuery(op="turn", turn_id=turn_id, session_id=session_id)
+        reply = await self._read(query, missing_ok=True)
+        return reply.turns[0] if reply.turns else None
+
     async def text(self, session_id: str, turn_id: str, step: int) -> str | None:
         """The saved text of one step's answer, or ``None`` when it is not saved: what a
         subscriber that missed ``message.delta`` events reads once the step is saved (while the

@@ -23,7 +23,7 @@ from contracts.messages import ChatMessage
 from contracts.state import Spend
 from contracts.turns import FinishReason, TurnResult
 
-QueryOp = Literal["get", "history", "turns", "result", "text"]
+QueryOp = Literal["get", "history", "turns", "result", "text", "turn"]
 TurnStatus = Literal["queued", "running", "waiting", "done"]
 
 
@@ -31,7 +31,8 @@ class SessionQuery(Contract):
     """A read: ``get`` (the summary), ``history`` (a page of messages), ``turns`` (the turns
     with their status), ``result`` (a turn's result: ``turn_id``, ``session_id`` optional),
     ``text`` (the saved text of one step's answer: ``session_id``, ``turn_id``, ``step``; while
-    the turn runs, and for its last step once it has ended)."""
+    the turn runs, and for its last step once it has ended), ``turn`` (one turn's status, in
+    ``turns``: ``turn_id``, ``session_id`` optional; known once a worker has accepted it)."""
 
     schema_version: Literal[1] = 1
     op: QueryOp
@@ -49,11 +50,11 @@ class SessionQuery(Contract):
 
     @model_validator(mode="after")
     def _names_what_it_reads(self) -> SessionQuery:
-        if self.op in ("result", "text") and self.turn_id is None:
+        if self.op in ("result", "text", "turn") and self.turn_id is None:
             raise ValueError(f"op {self.op!r} needs turn_id")
         if self.op == "text" and self.step is None:
             raise ValueError("op 'text' needs step")
-        if self.op != "result" and self.session_id is None:
+        if self.op not in ("result", "turn") and self.session_id is None:
             raise ValueError(f"op {self.op!r} needs session_id")
         return self
 

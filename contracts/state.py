@@ -16,123 +16,25 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from contracts.base import AgentName, CallId, Contract, JsonObject, SafeId
+from contracts.base import AgentName, Contract, JsonObject, SafeId
 from contracts.control import TurnDecision
-from contracts.messages import ChatMessage, Usage
+from contracts.messages import Usage
+from contracts.steps import AgentStep as AgentStep
+from contracts.steps import ContextUse as ContextUse
+from contracts.steps import ModelResponse as ModelResponse
+from contracts.steps import ModelRun as ModelRun
+from contracts.steps import StepExecution as StepExecution
+from contracts.steps import StepType as StepType
+from contracts.steps import ToolExecution as ToolExecution
+from contracts.steps import ToolOutcome as ToolOutcome
+from contracts.steps import counted_model as counted_model
 from contracts.turns import LoopLimits, TurnRequest, TurnResult
 
 ExecutionStatus = Literal[
     "pending", "in_progress", "waiting", "completed", "stopped", "failed", "cancelled"
 ]
-ToolOutcome = Literal["ok", "error", "blocked", "unknown"]
-StepType = Literal["final_response", "tool_execution", "error"]
-
-
-class ModelResponse(Contract):
-    """What the model answered, as saved before any tool is dispatched."""
-
-    message: ChatMessage
-    finish_reason: str = "stop"
-    usage: Usage = Usage()
-    model: str = ""
-    response_id: str | None = None
-    duration_s: float = 0.0
-    provider: str | None = Field(
-        default=None,
-        description="The provider that answered, when not 'default'.",
-        exclude_if=lambda value: value is None,
-    )
-
-
-class ToolExecution(Contract):
-    """One tool call of a step and its outcome.
-
-    ``content`` is the text the model received (truncated, with any hint). In a
-    completed step, ``value`` is dropped when ``truncated`` is set, so that a huge
-    result does not stay in the state for the rest of the turn."""
-
-    call_id: CallId
-    name: str
-    arguments: JsonObject | None = None
-    outcome: ToolOutcome
-    value: Any = None
-    error: str | None = None
-    content: str = Field(description="The text the model receives for this call.")
-    truncated: bool = False
-    unresolved_placeholders: tuple[str, ...] = Field(
-        default=(),
-        max_length=32,
-        description="Placeholder-like tokens in the arguments that a redaction hook could not "
-        "restore and passed to the tool as written (never a raw value).",
-    )
-    state_keys: tuple[str, ...] = Field(
-        default=(),
-        description="The keys of the session's key-value state the call's state_updates set.",
-        exclude_if=lambda value: not value,
-    )
-    started_at: float
-    completed_at: float
-
-    @property
-    def duration_s(self) -> float:
-        return max(0.0, self.completed_at - self.started_at)
-
-
-class ContextUse(Contract):
-    """What a step sent the model, when its agent has a context budget."""
-
-    sent_tokens: int | None = Field(
-        default=None,
-        description="The estimated tokens the model was sent (with a context budget).",
-        exclude_if=lambda value: value is None,
-    )
-    summarized: bool = Field(
-        default=False,
-        description="Whether a summary was sent in place of older messages.",
-        exclude_if=lambda value: not value,
-    )
-
-
-class AgentStep(ContextUse):
-    """One step: what the model saw and said, and the tools it ran."""
-
-    index: int = Field(ge=0)
-    input_count: int = Field(ge=0, description="Messages the model saw, system prompt included.")
-    output_messages: tuple[ChatMessage, ...] = ()
-    response: ModelResponse | None = None
-    tool_executions: tuple[ToolExecution, ...] = ()
-    errors: tuple[str, ...] = ()
-    stopped_by: str | None = Field(
-        default=None,
-        description="The stop signal of the step (a hook's source), overridden when "
-        "continued_by is set too.",
-        exclude_if=lambda value: value is None,
-    )
-    continued_by: str | None = Field(
-        default=None,
-        description="The hook that asked the turn to go on after this step.",
-        exclude_if=lambda value: value is None,
-    )
-
-    @property
-    def type(self) -> StepType:
-        if self.errors or self.response is None:
-            return "error"
-        return "tool_execution" if self.tool_executions else "final_response"
-
-
-class StepExecution(Contract):
-    """A completed step with its timing."""
-
-    step: AgentStep
-    started_at: float
-    completed_at: float
-
-    @property
-    def duration_s(self) -> float:
-        return max(0.0, self.completed_at - self.started_at)
 
 
 class PendingStep(ContextUse):
@@ -211,7 +113,14 @@ class TurnTrace(Contract):
 
 
 class ExecutionState(Contract):
-    """The turn in progress."""
+    """The turn in progress.
+
+    What a completed step produced is written once, when the step completes, to the turn's
+    step list (``keys.turn_steps``, ``StepExecution.stored``) beside the history, and never
+    rewritten: the state keeps only what the next step needs (``step_count``, ``tool_calls``,
+    ``models``, the pending step, waits, usage, the last content, the streak), so a save late
+    in a long turn writes what one early in it does. ``steps`` holds the steps that a worker of
+    an earlier release completed, which kept every record here; it never grows."""
 
     turn_id: SafeId
     request: TurnRequest
@@ -226,7 +135,36 @@ class ExecutionState(Contract):
         default=0, ge=0, description="Session history length before the turn."
     )
     message_count: int = Field(default=0, ge=0, description="Messages this turn added so far.")
-    steps: tuple[StepExecution, ...] = ()
+    steps: tuple[StepExecution, ...] = Field(
+        default=(),
+        description="Steps completed before the upgrade to step lists, as an earlier release "
+        "kept them (never written by this one); later steps' records are in the turn's step "
+        "list.",
+        exclude_if=lambda value: not value,
+    )
+    step_count: int = Field(
+        default=0,
+        ge=0,
+        description="Steps the turn completed (the next step's index).",
+        exclude_if=lambda value: value == 0,  # added to v1: written only when set
+    )
+    tool_calls: int = Field(
+        default=0,
+        ge=0,
+        description="Tool calls recorded by the completed steps.",
+        exclude_if=lambda value: value == 0,
+    )
+    continued_by: tuple[str, ...] = Field(
+        default=(),
+        description="The hooks that asked the turn to go on after a step so far, each once "
+        "(``AgentStep.continued_by``).",
+        exclude_if=lambda value: not value,
+    )
+    models: tuple[ModelRun, ...] = Field(
+        default=(),
+        description="The models that answered the completed steps, in order, run by run.",
+        exclude_if=lambda value: not value,
+    )
     pending: PendingStep | None = None
     stop_signal: StopSignal | None = None
     wait: Wait | None = Field(default=None, description="Set while the turn is parked.")
@@ -274,6 +212,30 @@ class ExecutionState(Contract):
         description="Set when the worker that started the turn traces (OpenTelemetry).",
         exclude_if=lambda value: value is None,  # added to v1: written only when set
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _counted_from_steps(cls, data: Any) -> Any:
+        """A state an earlier release wrote keeps its completed steps inline and no counters:
+        the counters are taken from them (the records stay where they are)."""
+        if not isinstance(data, dict) or not data.get("steps") or "step_count" in data:
+            return data
+        records = [
+            s if isinstance(s, StepExecution) else StepExecution.model_validate(s)
+            for s in data["steps"]
+        ]
+        runs: list[ModelRun] = []
+        for record in records:
+            runs = counted_model(runs, record)
+        continued = [r.step.continued_by for r in records if r.step.continued_by]
+        return {
+            **data,
+            "steps": tuple(records),
+            "continued_by": tuple(dict.fromkeys(continued)),
+            "step_count": len(records),
+            "tool_calls": sum(len(r.step.tool_executions) for r in records),
+            "models": tuple(runs),
+        }
 
 
 class Spend(Contract):

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from contracts.base import AgentName, CallId, Contract, JsonObject, SafeId, ToolName
+from contracts.tenancy import scoped
 
 
 class ToolDefinition(Contract):
@@ -18,6 +19,12 @@ class ToolDefinition(Contract):
     parameters: JsonObject = Field(default_factory=lambda: {"type": "object", "properties": {}})
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
     idempotent: bool = True
+    approval: bool = Field(
+        default=False,
+        description="Every call waits for a human's decision, whichever agent makes it (as if "
+        "the agent listed the tool under `approval`); the agent's `approval_timeout_s` applies.",
+        exclude_if=lambda value: not value,  # added to v1: written only when set
+    )
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -48,6 +55,12 @@ class ToolContext(Contract):
         description="The session's key-value state (sent when it is at most MAX_STATE_CHARS of "
         "JSON).",
         exclude_if=lambda value: not value,  # added to v1: written only when set
+    )
+    tenant: SafeId | None = Field(
+        default=None,
+        description="The tenant the call's turn belongs to, while tenancy is on: a tool's "
+        "session-scoped data lives within it (the SDK's server acts for it around the call).",
+        exclude_if=lambda value: value is None,  # added to v1: written only when set
     )
 
 
@@ -82,8 +95,9 @@ class ToolCallReply(Contract):
 
 
 def idempotency_key(turn_id: str, call_id: str) -> str:
-    """``<turn_id>:<tool_call_id>``: the same call of the same turn is the same key."""
-    return f"{turn_id}:{call_id}"
+    """``<turn_id>:<tool_call_id>``: the same call of the same turn is the same key
+    (``<tenant>/<turn_id>:<tool_call_id>`` within a tenant other than ``default``)."""
+    return f"{scoped(turn_id)}:{call_id}"
 
 
 class ToolAnnouncement(Contract):

@@ -21,6 +21,45 @@ reaches that queue, as the default exchange does with the same key. A publisher'
 may write to this exchange alone (the default exchange reaches every queue by its name), so
 that it can start and control turns and read sessions, and nothing else."""
 
+INTAKE_EXCHANGE: Final = "loopwire.intake"
+"""Topic exchange for a tenant's publishers while tenancy is on (docs/tenants.md, "Fair"):
+routing key ``<tenant>.turns`` carries what ``loopwire.turns`` does (turn requests and control
+messages) into that tenant's own intake queue, ``loopwire.turns.tenant.<tenant>``, when the
+workers keep one for it, so a tenant's backlog queues behind its own work only. A key that no
+queue is bound to goes on, through the alternate exchange ``loopwire.intake.fallback``, to
+``loopwire.turns``. The key's tenant must be the message's (``tenant_mismatch`` otherwise);
+RabbitMQ's topic permissions can hold each user to its own keys (``^{username}\\.``)."""
+
+INTAKE_FALLBACK_EXCHANGE: Final = "loopwire.intake.fallback"
+"""Fanout exchange, the intake exchange's alternate: bound to ``loopwire.turns``."""
+
+INTAKE_SUFFIX: Final = ".turns"
+
+
+def intake_key(tenant: str) -> str:
+    """The intake routing key of a tenant: ``<tenant>.turns``."""
+    return f"{tenant}{INTAKE_SUFFIX}"
+
+
+def intake_queue(tenant: str) -> str:
+    """A tenant's own intake queue: ``loopwire.turns.tenant.<tenant>``."""
+    return f"{TURNS_QUEUE}.tenant.{tenant}"
+
+
+def intake_tenant(exchange: str | None, routing_key: str | None) -> str | None:
+    """The tenant a delivery was published for through the intake exchange, else None (a
+    tenant's name has no ``.``: any other key reached ``loopwire.turns`` as an unbound one)."""
+    if exchange != INTAKE_EXCHANGE or not routing_key or not routing_key.endswith(INTAKE_SUFFIX):
+        return None
+    tenant = routing_key[: -len(INTAKE_SUFFIX)]
+    return tenant if tenant and "." not in tenant else None
+
+
+GATEWAY_WEBHOOKS_QUEUE: Final = "loopwire.gateway.webhooks"
+"""Quorum queue of the HTTP gateway's replicas, bound to ``loopwire.events`` for every turn's
+end (``#.turn.completed.#``, ``#.turn.failed.#``, ``#.turn.cancelled.#``): whichever replica
+takes an end sends the webhook its run asked for (docs/http.md)."""
+
 TOOLS_EXCHANGE: Final = "loopwire.tools"
 """Direct exchange for tool calls; routing key = tool name."""
 

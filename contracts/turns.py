@@ -48,7 +48,7 @@ NO_BUDGET: Final = Budget()
 class LoopLimits(Contract):
     """The loop's limits. Agent profiles set them; a turn request may override them within bounds."""
 
-    max_tool_iterations: int = Field(default=7, ge=1, le=50)
+    max_tool_iterations: int = Field(default=7, ge=1, le=500)
     max_tool_result_chars: int = Field(default=16_000, ge=256, le=1_000_000)
     empty_streak_after: int = Field(default=2, ge=0, le=50)
     empty_streak_hint: str = Field(
@@ -67,7 +67,7 @@ class LoopLimits(Contract):
 class LimitOverrides(Contract):
     """Per-turn overrides of the agent's loop limits; unset fields keep the agent's values."""
 
-    max_tool_iterations: int | None = Field(default=None, ge=1, le=50)
+    max_tool_iterations: int | None = Field(default=None, ge=1, le=500)
     max_tool_result_chars: int | None = Field(default=None, ge=256, le=1_000_000)
     empty_streak_after: int | None = Field(default=None, ge=0, le=50)
 
@@ -230,3 +230,21 @@ class TurnResult(Contract):
         if (self.finish_reason == "error") != (self.error is not None):
             raise ValueError("error is set exactly when finish_reason is 'error'")
         return self
+
+
+class TurnRejection(Contract):
+    """A turn request the worker refused (dead-lettered on its first delivery), sent to the
+    request's reply queue with AMQP ``type`` ``turn.rejection``, so a publisher waiting there
+    for a ``TurnResult`` hears of it. The ids are the request's where they could be read:
+    ``turn_id`` from its body, or the ``message_id`` it was published with when the body could
+    not be read (oversize, not msgpack)."""
+
+    schema_version: Literal[1] = 1
+    turn_id: SafeId | None = None
+    session_id: SafeId | None = None
+    agent: AgentName | None = None
+    code: str = Field(
+        max_length=64, description="The dead letter's x-loopwire-reason-code (e.g. schema)."
+    )
+    reason: str = Field(max_length=2000)
+    rejected_at: float

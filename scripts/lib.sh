@@ -1,4 +1,5 @@
-# Shared helpers for scripts/*: a virtualenv with the project, and the local services.
+# Shared helpers for scripts/*: a virtualenv with the project, and the local services
+# (ensure_services: RabbitMQ and Redis; ensure_test_services: what the test suites need besides).
 # shellcheck shell=bash
 
 PYTHON="${PYTHON:-python3}"
@@ -53,6 +54,12 @@ ensure_services() {
         fi
         wait_port 127.0.0.1 5672 RabbitMQ
     fi
+}
+
+# What the test suites need besides RabbitMQ and Redis (the demo needs none of it): PostgreSQL
+# for the memory service, RabbitMQ's Prometheus plugin, and prometheus/promtool (installed with
+# apt-get when missing and run as root).
+ensure_test_services() {
     # PostgreSQL: the memory service's store (docs/memory.md)
     if ! port_open 127.0.0.1 5432; then
         if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then

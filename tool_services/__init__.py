@@ -5,6 +5,13 @@ running a service, and ``tool_services.registry.live_tools`` for the workers'
 view of which tools are available. Importing this package connects to nothing.
 """
 
-from tool_services.sdk import CallContext, Tool, ToolError, ToolResult, ToolService
+from tool_services.sdk import (
+    CallContext,
+    OutcomeUnknown,
+    Tool,
+    ToolError,
+    ToolResult,
+    ToolService,
+)
 
-__all__ = ["CallContext", "Tool", "ToolError", "ToolResult", "ToolService"]
+__all__ = ["CallContext", "OutcomeUnknown", "Tool", "ToolError", "ToolResult", "ToolService"]

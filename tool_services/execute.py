@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from contracts.codec import MAX_MESSAGE_BYTES, encode
 from contracts.tools import ToolCallReply, ToolCallRequest
-from tool_services.sdk import CallContext, Tool, ToolError, ToolResult
+from tool_services.sdk import CallContext, OutcomeUnknown, Tool, ToolError, ToolResult
 
 log = logging.getLogger("loopwire.tool_services")
 
@@ -69,6 +69,9 @@ async def execute_tool(
         else:
             message = f"timed out after {tool.timeout_s:g}s"
         return error_reply(request.call_id, message), "timeout"
+    except OutcomeUnknown as exc:
+        message = str(exc) or "the tool may or may not have taken effect"
+        return error_reply(request.call_id, message, status="unknown"), "error"
     except ToolError as exc:
         return error_reply(request.call_id, str(exc) or "the tool failed"), "error"
     except Exception as exc:

@@ -50,7 +50,7 @@ NOT_RUN_REASONS = (
 class ToolServiceMetrics:
     def __init__(self, registry: CollectorRegistry, *, tools: Iterable[str] = ()) -> None:
         self.registry = registry
-        self.tools = frozenset(tools)
+        self.tools: set[str] = set()
         self.call_duration = Histogram(
             "loopwire_tool_service_call_duration_seconds",
             "Tool calls run by this tool service, by tool and outcome (ok, error, timeout).",
@@ -75,7 +75,14 @@ class ToolServiceMetrics:
             ["tool", "reason"],
             registry=registry,
         )
-        for tool in self.tools:
+        self.add_tools(tools)
+
+    def add_tools(self, tools: Iterable[str]) -> None:
+        """Label series for these tools too (a dynamic service's new tools)."""
+        for tool in tools:
+            if tool in self.tools:
+                continue
+            self.tools.add(tool)
             self.in_progress.labels(tool)
             for reason in NOT_RUN_REASONS:  # at 0 from the start: every query has its series
                 self.not_run.labels(tool, reason)

@@ -19,6 +19,7 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage
 from redis.asyncio import Redis
 
+from contracts import tenancy
 from contracts.codec import DecodeError, decode
 from contracts.tools import ToolCallRequest, idempotency_key
 from tool_services.calls import CallStore, ClaimKind
@@ -96,7 +97,8 @@ class CallResolver:
             )
             self.metrics.skipped(tool.name, "expired")
             return Verdict.DROP
-        return await self._resolve(request, tool)
+        with tenancy.acting_for(request.context.tenant):  # its session-scoped keys
+            return await self._resolve(request, tool)
 
     def _expired(self, request: ToolCallRequest) -> bool:
         return self.clock() >= request.context.deadline

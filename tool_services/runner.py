@@ -13,7 +13,7 @@ registry: ``tool_services.metrics`` plus build and process info) there.
 Exit codes: 0 after SIGTERM/SIGINT (in-flight calls drained within
 ``grace_s``; a call still running then is cancelled, left unacked for another
 instance, and logged), 1 when the service cannot start (broker or Redis
-unreachable), 2 for an unknown service name.
+unreachable), 2 for an unknown service name or a setting that cannot be used (named).
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ import logging
 import pkgutil
 import re
 import signal
+import sys
 from collections.abc import Callable
 from typing import cast
 
 from prometheus_client import CollectorRegistry
 
 from contracts.runtime.health import HealthServer
+from contracts.runtime.loading import SettingsError, load
 from contracts.runtime.metrics import build_info
 from contracts.runtime.tracer_setup import start_tracing
 from tool_services.metrics import ToolServiceMetrics
@@ -44,7 +46,12 @@ ServiceFactory = Callable[[], ToolService]
 
 def serve(name: str, *, settings: Settings | None = None) -> int:
     """Run the named tool service until SIGTERM/SIGINT; return the process exit code."""
-    settings = settings or Settings()
+    if settings is None:
+        try:
+            settings = load(Settings)
+        except SettingsError as exc:  # before logging is set up: one line, naming the variable
+            sys.stderr.write(f"error: {exc}\n")
+            return 2
     _configure_logging(settings)
     try:
         factory = load_factory(name)

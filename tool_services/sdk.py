@@ -21,6 +21,12 @@ dead instance is then answered ``unknown`` instead of being run again.
 
 Declaring tools has no side effects: nothing connects until the service is run
 (``tool_services.runner``).
+
+A service whose tools are not known at import time (the MCP bridge) is created
+``dynamic=True``: its ``on_startup`` hooks run once the server has connected, and
+``replace_tools`` changes the set later; the server then binds the new tools' queues and
+announces again. A tool added with ``offered=False`` is served (its calls are answered) but
+not announced, so the model is not offered it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import inspect
 import re
 import time
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,17 +45,25 @@ from contracts.base import TOOL_NAME_PATTERN
 from contracts.tools import ToolDefinition
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
     from redis.asyncio import Redis
 
 A = TypeVar("A", bound=BaseModel)
 ToolFunction = Callable[[A, "CallContext"], Awaitable[Any]]
 ShutdownHook = Callable[[], Awaitable[None] | None]
+StartupHook = Callable[["CollectorRegistry"], Awaitable[None]]
+"""Runs when the server has connected; given the process's metrics registry."""
 
 SERVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
 class ToolError(Exception):
     """Raise from a tool to reply with a readable error (the message is what the model reads)."""
+
+
+class OutcomeUnknown(ToolError):
+    """Raise when the tool may or may not have taken effect (what it called went away
+    mid-call): the reply is ``unknown``, as for a non-idempotent call whose service died."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +107,8 @@ class Tool:
     definition: ToolDefinition
     args_model: type[BaseModel]
     fn: Callable[[Any, CallContext], Awaitable[Any]]
+    offered: bool = True
+    """False: served (its calls answered) but not announced, so not offered to the model."""
 
     @property
     def name(self) -> str:
@@ -110,19 +126,45 @@ class Tool:
 class ToolService:
     """A named group of tools served together by one process."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, dynamic: bool = False) -> None:
         if not re.fullmatch(SERVICE_NAME_PATTERN, name):
             raise ValueError(f"invalid service name {name!r}")
         self.name = name
+        self.dynamic = dynamic
+        """Its tools change while it runs (``replace_tools``); it may start with none."""
         self._tools: dict[str, Tool] = {}
         self._shutdown: list[ShutdownHook] = []
+        self._startup: list[StartupHook] = []
+        self._watchers: list[Callable[[], None]] = []
 
     @property
     def tools(self) -> Mapping[str, Tool]:
         return self._tools
 
     def definitions(self) -> tuple[ToolDefinition, ...]:
-        return tuple(t.definition for t in self._tools.values())
+        """What the service announces: its offered tools."""
+        return tuple(t.definition for t in self._tools.values() if t.offered)
+
+    def replace_tools(self, tools: Iterable[Tool]) -> None:
+        """Serve exactly ``tools`` from now on (a ``dynamic`` service) and tell the server."""
+        if not self.dynamic:
+            raise RuntimeError(f"service {self.name!r} is not dynamic")
+        self._tools = {t.name: t for t in tools}
+        for notify in list(self._watchers):
+            notify()
+
+    def watch(self, notify: Callable[[], None]) -> None:
+        """Call ``notify`` (sync, cheap) whenever ``replace_tools`` changed the tools."""
+        self._watchers.append(notify)
+
+    def on_startup(self, hook: StartupHook) -> StartupHook:
+        """Run ``hook(registry)`` when the server has connected, before it binds the tools."""
+        self._startup.append(hook)
+        return hook
+
+    async def startup(self, registry: CollectorRegistry) -> None:
+        for hook in self._startup:
+            await hook(registry)
 
     def tool(
         self,

@@ -45,6 +45,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import (
     AbstractChannel,
+    AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
     AbstractRobustConnection,
@@ -87,7 +88,7 @@ class ToolServer:
         self._handle_one = (
             self._handle if tracer is None else traced(tracer, self._handle, service.name)
         )
-        if not service.tools:
+        if not service.tools and not service.dynamic:
             raise ValueError(f"service {service.name!r} has no tools")
         self.service = service
         self.settings = settings
@@ -100,6 +101,10 @@ class ToolServer:
         self._redis: Redis | None = None
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
+        self._exchange: AbstractExchange | None = None
+        self._bound: set[str] = set()
+        self._tools_changed = asyncio.Event()
+        self._sync_task: asyncio.Task[None] | None = None
         self._announcer: Announcer | None = None
         self.metrics = metrics or ToolServiceMetrics(CollectorRegistry(), tools=service.tools)
         self._resolver = CallResolver(service, self.config, clock=clock, metrics=self.metrics)
@@ -116,7 +121,7 @@ class ToolServer:
         """Readiness: consumers registered, the broker connection up, not stopping."""
         connection = self._connection
         return (
-            bool(self._consumers)
+            (bool(self._consumers) or self.service.dynamic)
             and not self._stopping
             and connection is not None
             and connection.connected.is_set()
@@ -161,16 +166,11 @@ class ToolServer:
         )
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=self.config.concurrency)
-        exchange = await self._channel.declare_exchange(
+        self._exchange = await self._channel.declare_exchange(
             TOOLS_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
         )
-        queues = []
-        for name in self.service.tools:
-            queue = await self._channel.declare_queue(
-                tool_queue(name), durable=True, arguments={"x-queue-type": "quorum"}
-            )
-            await queue.bind(exchange, routing_key=name)
-            queues.append(queue)
+        await self.service.startup(self.metrics.registry)
+        await self._bind_new_tools()
         connection = self._connection
         self._announcer = Announcer(
             self._redis,
@@ -182,22 +182,59 @@ class ToolServer:
             healthy=lambda: connection.connected.is_set(),
             clock=self.clock,
         )
-        for queue in queues:
-            tag = await queue.consume(self._on_message)
-            self._consumers.append((queue, tag))
         await self._announcer.start()
+        if self.service.dynamic:
+            self.service.watch(self._tools_changed.set)
+            self._sync_task = asyncio.create_task(self._keep_in_sync(), name="tool-sync")
         log.info(
             "tool service %s (%s) serving %s",
             self.service.name,
             self.instance_id,
-            ", ".join(self.service.tools),
+            ", ".join(self.service.tools) or "no tools yet",
         )
+
+    async def _bind_new_tools(self) -> None:
+        """Declare, bind and consume the queue of every tool not consumed yet (all at start; a
+        dynamic service's new ones later). A tool once consumed stays consumed until stop: a
+        call for a tool the service dropped is answered, not left waiting in its queue."""
+        channel, exchange = self._channel, self._exchange
+        assert channel is not None and exchange is not None
+        for name in list(self.service.tools):
+            if name in self._bound:
+                continue
+            queue = await channel.declare_queue(
+                tool_queue(name), durable=True, arguments={"x-queue-type": "quorum"}
+            )
+            await queue.bind(exchange, routing_key=name)
+            tag = await queue.consume(self._on_message)
+            self._consumers.append((queue, tag))
+            self._bound.add(name)
+            self.metrics.add_tools([name])
+
+    async def _keep_in_sync(self) -> None:
+        """A dynamic service's tools changed: bind the new ones, announce the new set at once."""
+        while True:
+            await self._tools_changed.wait()
+            self._tools_changed.clear()
+            try:
+                await self._bind_new_tools()
+                if self._announcer is not None:
+                    self._announcer.tools = self.service.definitions()
+                    await self._announcer.announce()
+            except Exception as exc:  # the heartbeat announces the new set; binding is retried
+                log.warning("could not apply the changed tools of %s: %s", self.service.name, exc)
+                await asyncio.sleep(self.config.reconnect_interval_s)
+                self._tools_changed.set()
 
     async def stop(self) -> bool:
         """Stop consuming, drain within ``grace_s``; True when every running call finished."""
         if self._stopping:
             return True
         self._stopping = self._resolver.stopping = True
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sync_task
         for queue, tag in self._consumers:
             with contextlib.suppress(Exception):
                 await queue.cancel(tag)

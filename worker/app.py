@@ -12,9 +12,12 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
 
 from contracts import topology as t
 from contracts.runtime import amqp
@@ -22,11 +25,12 @@ from contracts.runtime.health import HealthServer
 from contracts.runtime.redis_client import RedisUnreachableError, check, redis_client
 from contracts.runtime.tls import TlsConfigError
 from contracts.runtime.tracer_setup import start_tracing
-from worker.errors import ProfileError
+from contracts.turns import Budget
+from worker.errors import ConfigError, ProfileError
 from worker.loop import Loop
 from worker.loop.streaming import StreamSettings
 from worker.model.providers import build_models, check_providers, endpoints
-from worker.model.ratelimit import RedisRateLimiter
+from worker.model.ratelimit import RedisRateLimiter, TenantRateLimits
 from worker.profiles.agents import AgentProfile, AgentProfiles
 from worker.profiles.hooksets import HookSets
 from worker.profiles.source import ProfileSource
@@ -35,7 +39,7 @@ from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
 from worker.runtime import collector
 from worker.runtime.heap import HeapTrimmer, malloc_trim
-from worker.runtime.metrics import CountingSink, WorkerMetrics, build_info
+from worker.runtime.metrics import CountingSink, TenantLabel, WorkerMetrics, build_info
 from worker.runtime.tracing import Tracing
 from worker.sequencing.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
@@ -43,15 +47,18 @@ from worker.session.memories import SessionMemories
 from worker.session.port import StepSession
 from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
-from worker.settings import Settings, price_table
+from worker.session.tenant_slots import TenantSlots
+from worker.settings import Settings, TenancySettings, load_settings, price_table
 from worker.transport.broker_gate import BrokerGate
 from worker.transport.catalog import RegistryCatalog
 from worker.transport.consumer import Consumer
 from worker.transport.events import AmqpEventSink, FilteredSink, enabled_events
+from worker.transport.intake import Intake
 from worker.transport.outbox import Outbox
 from worker.transport.publish import ConfirmedPublisher
 from worker.transport.rpc import ToolRPC
 from worker.transport.session_reads import SessionReads
+from worker.transport.tenants import Tenants
 from worker.transport.topology import SESSIONS_ARGUMENTS, TURNS_ARGUMENTS, declare
 
 log = logging.getLogger("loopwire.worker")
@@ -72,7 +79,11 @@ class Worker:
     def __init__(self, settings: Settings, *, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
         self.registry = registry or CollectorRegistry()
-        self.metrics = WorkerMetrics(self.registry, default_model=settings.model.model)
+        self.metrics = WorkerMetrics(
+            self.registry,
+            default_model=settings.model.model,
+            tenants=tenant_label(settings.tenants),
+        )
         build_info(self.registry, component="worker", service="worker")
         self.amqp_metrics = amqp.AmqpMetrics(self.registry)
         self.profiles = load_profiles(settings)
@@ -168,6 +179,7 @@ class Worker:
                 )
 
             streaming = StreamSettings(s.stream_interval_s, s.stream_max_chars)
+            tenancy = Tenancy.of(s, redis, {*s.worker_users, *([user] if user else [])})
 
             def loop_factory(session: StepSession, profile: AgentProfile, redone: bool) -> Loop:
                 return Loop(
@@ -184,12 +196,15 @@ class Worker:
                     announced=announced,
                     stream_settings=streaming,
                     redone=redone,
+                    tenant_budget=tenancy.budget,
+                    tenant_limiter=tenancy.rates.of if tenancy.rates is not None else None,
                 )
 
             records = SessionRecords(redis)
             memories = SessionMemories(s.memory.database_url) if s.memory.database_url else None
             work = SessionSequencer(
                 store=store,
+                slots=tenancy.slots,
                 leases=LeaseKeeper(
                     store, lost=self.metrics.steps_abandoned.labels("lease_lost").inc
                 ),
@@ -214,6 +229,9 @@ class Worker:
                 in_flight=self.in_flight,
                 user=user,
                 workers=s.worker_users,
+                tenants=tenancy.tenants,
+                intake=ConfirmedPublisher(publish_channel, t.INTAKE_EXCHANGE),
+                lanes=frozenset(tenancy.intake.tenants),
             )
             # declared (not just looked up) on this channel so the robust channel restores it
             # and its consumer after a reconnect
@@ -227,6 +245,8 @@ class Worker:
                 records,
                 Outbox(ConfirmedPublisher(publish_channel)),
                 ConfirmedPublisher(publish_channel, t.DEAD_LETTER_EXCHANGE),
+                tenancy.tenants,
+                self.metrics,
             )
 
             if s.http_port:
@@ -256,6 +276,7 @@ class Worker:
                 background.add(asyncio.create_task(trimmer.run()))
             collector.tune(s.gc_young_threshold)  # what was built so far lives as long as we do
             tag = await queue.consume(consumer.handle)
+            await tenancy.intake.start(consume_channel, consumer.handle)
             reads_tag = await reads_queue.consume(reads.handle)
             self.consuming = True
             log.info("worker consuming %s (prefetch %d)", t.TURNS_QUEUE, s.prefetch)
@@ -264,6 +285,7 @@ class Worker:
             await self.stopping.wait()
             log.info("stopping: no new work; %d step(s) in hand", len(self.in_flight))
             await queue.cancel(tag)
+            await tenancy.intake.stop()
             await reads_queue.cancel(reads_tag)
             self.consuming = False
             await self._drain(s.grace_s)
@@ -304,6 +326,13 @@ class Worker:
             self.source.reload()
 
 
+def tenant_label(tenants: TenancySettings) -> TenantLabel | None:
+    """The ``tenant`` label of the metrics: only with tenancy on and the label asked for."""
+    if tenants.enabled and tenants.metrics_label:
+        return TenantLabel(tenants.metrics_max_tenants)
+    return None
+
+
 def _own_user(urls: Sequence[str], workers: Sequence[str]) -> str | None:
     """The AMQP user this worker publishes as (every address with the same one): its URL's,
     or, for a certificate login, the first of ``LOOPWIRE_WORKER_USERS``."""
@@ -336,7 +365,11 @@ def _tracing(source: ProfileSource) -> Tracing | None:
 
 
 def main() -> int:
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except ConfigError as exc:  # before logging is set up: one line, naming the variable
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -372,3 +405,47 @@ def main() -> int:
         log.error("%s", exc)
         return 1
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Tenancy:
+    """What the worker's tenancy settings make (docs/tenants.md): whose each message is, the
+    tenants' caps on running turns (none: no cap), their daily budgets (none: tenancy off) and
+    their own model rate limits (none: no tenant has any), and the tenants' own intake queues
+    (worker/transport/intake.py)."""
+
+    tenants: Tenants
+    slots: TenantSlots | None
+    budget: Callable[[str], Budget] | None
+    rates: TenantRateLimits | None
+    intake: Intake
+
+    @staticmethod
+    def of(s: Settings, redis: Redis, workers: set[str]) -> Tenancy:
+        t = s.tenants
+        tenants = Tenants(enabled=t.enabled, users=t.users, trusted={*t.trusted, *workers})
+        if not t.enabled:
+            return Tenancy(tenants, None, None, None, Intake(()))
+        caps = {name: own.max_running for name, own in t.limits.items()}
+        slots = None
+        if t.max_running or any(caps.values()):
+            own_caps = {name: cap for name, cap in caps.items() if cap is not None}
+            slots = TenantSlots(
+                redis, default_cap=t.max_running, limits=own_caps, lapse_s=s.state_ttl_s
+            )
+
+        def budget(tenant: str) -> Budget:
+            own = t.limits.get(tenant)
+            return own.daily_budget if own and own.daily_budget is not None else t.daily_budget
+
+        rates = TenantRateLimits(
+            redis,
+            requests_per_minute=t.requests_per_minute,
+            tokens_per_minute=t.tokens_per_minute,
+            limits={
+                name: (own.requests_per_minute, own.tokens_per_minute)
+                for name, own in t.limits.items()
+            },
+        )
+        intake = Intake(t.intake if t.intake is not None else sorted(set(t.users.values())))
+        return Tenancy(tenants, slots, budget, rates if rates.any else None, intake)

@@ -4,6 +4,7 @@
 - ``PermanentError``: the work can never succeed; it is dead-lettered with ``code`` and a reason.
 - ``ToolCallError``: a tool call failed; the message goes back to the model as ``{"error": ...}``.
 - ``ModelError``: the model could not answer; the turn fails with ``code``.
+- ``ConfigError``: a setting that cannot be used; a process stops at start, naming the variable.
 - ``CliError``: the ``loopwire`` command stops with one line and an exit code.
 - ``FailpointError``: an armed ``raise-<name>`` failpoint (tests of crash handling).
 """
@@ -53,6 +54,10 @@ class ModelError(LoopwireError):
 
 class ProfileError(LoopwireError, ValueError):
     """An agents file that cannot be loaded: the message names the profile and the part."""
+
+
+class ConfigError(LoopwireError, ValueError):
+    """Settings that cannot be used: the one-line message names the variable, never its value."""
 
 
 class CliError(LoopwireError):

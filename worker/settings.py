@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
+from contracts import tenancy
 from contracts.messages import Usage
 from contracts.runtime.connection import ConnectionSettings
+from contracts.runtime.loading import SettingsError, load
+from contracts.turns import Budget
+from worker.errors import ConfigError
 
 
 class ModelSettings(BaseModel):
@@ -89,6 +93,101 @@ class MemorySettings(BaseModel):
         description="The memory service's database: a deleted session's memories are forgotten "
         "there too (none: no memory service).",
     )
+
+
+class TenantLimits(BaseModel):
+    """One tenant's own limits (``LOOPWIRE_TENANTS__LIMITS``)."""
+
+    max_running: int | None = Field(
+        default=None, ge=0, description="Its turns running at once (0: no cap)."
+    )
+    daily_budget: Budget | None = Field(
+        default=None, description="What its turns may spend in a day (UTC)."
+    )
+    requests_per_minute: int | None = Field(
+        default=None, ge=0, description="Its model calls per minute, fleet-wide (0: no limit)."
+    )
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=0,
+        description="Its (estimated) model tokens per minute, fleet-wide (0: no limit).",
+    )
+
+
+class TenancySettings(BaseModel):
+    """Tenants kept apart (docs/tenants.md); off: one tenant, ``default``, as before."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Every message belongs to the tenant of its broker-validated user_id; "
+        "sessions, keys and events are kept apart per tenant.",
+    )
+    users: dict[str, str] = Field(
+        default_factory=dict,
+        description='AMQP user -> tenant (JSON: {"shop-app": "shop"}); a user not listed is '
+        "the tenant of its own name.",
+    )
+    trusted: list[str] = Field(
+        default_factory=list,
+        description="AMQP users that may act for any tenant named in the x-loopwire-tenant "
+        "header (the HTTP gateway); the fleet's workers always may.",
+    )
+    intake: list[str] | None = Field(
+        default=None,
+        description="Tenants given an intake queue of their own (JSON list), so that no other "
+        "tenant's backlog delays their turns; unset: each tenant named in users. The others "
+        "share loopwire.turns.",
+    )
+    max_running: int = Field(
+        default=0,
+        ge=0,
+        description="Each tenant's turns running at once (0: no cap); the excess waits in "
+        "line, holding no worker, and starts in order as the tenant's turns end.",
+    )
+    daily_budget: Budget = Field(
+        default_factory=Budget,
+        description='What each tenant\'s turns may spend in a day, UTC (JSON: {"max_cost_usd": '
+        '20, "max_total_tokens": 2000000}); spent, a turn makes one last model call without '
+        "tools and ends with finish_reason budget (stopped_by tenant_day.<limit>).",
+    )
+    requests_per_minute: int = Field(
+        default=0,
+        ge=0,
+        description="Each tenant's model calls per minute, shared by every worker through Redis, "
+        "beside the endpoint's limit (0: none); over it, its turns park as throttled.",
+    )
+    tokens_per_minute: int = Field(
+        default=0,
+        ge=0,
+        description="Each tenant's (estimated) model tokens per minute, as requests_per_minute "
+        "(0: none).",
+    )
+    limits: dict[str, TenantLimits] = Field(
+        default_factory=dict,
+        description='Limits of one tenant (JSON: {"shop": {"max_running": 5, "daily_budget": '
+        '{"max_cost_usd": 50}, "requests_per_minute": 60}}), over the defaults above.',
+    )
+    metrics_label: bool = Field(
+        default=False,
+        description="With tenancy on, the turn-level metrics carry a tenant label (capped by "
+        "metrics_max_tenants); off, no tenant label at all.",
+    )
+    metrics_max_tenants: int = Field(
+        default=50,
+        ge=1,
+        le=10_000,
+        description="The first this many distinct tenants a worker process sees get a tenant "
+        "label of their own; every later one is counted as 'other'.",
+    )
+
+    @field_validator("users", "intake")
+    @classmethod
+    def _tenant_names(cls, value: Any) -> Any:
+        names = value.values() if isinstance(value, dict) else value or ()
+        bad = [name for name in names if not tenancy.valid(name)]
+        if bad:
+            raise ValueError(f"not a tenant name: {bad[0][:64]!r} (letters, digits, _ and -)")
+        return value
 
 
 class Settings(ConnectionSettings):
@@ -174,6 +273,7 @@ class Settings(ConnectionSettings):
     )
     model: ModelSettings = ModelSettings()
     memory: MemorySettings = MemorySettings()
+    tenants: TenancySettings = TenancySettings()
     providers: dict[str, ProviderSettings] = Field(
         default_factory=dict,
         description="Named model endpoints besides 'default' (LOOPWIRE_MODEL__*), as JSON: "
@@ -185,6 +285,15 @@ class Settings(ConnectionSettings):
         '{"gpt-4o-mini": {"input_per_m": 0.15, "output_per_m": 0.6}}); a model not listed '
         "costs 0.",
     )
+
+
+def load_settings() -> Settings:
+    """The settings from the environment, or ``ConfigError`` naming each variable that cannot
+    be used (``LOOPWIRE_PREFETCH: input should be a valid integer``)."""
+    try:
+        return load(Settings)
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def price_table(settings: Settings) -> Callable[[str | None, Usage], float]:

@@ -79,6 +79,21 @@ def resolve_urls(
     return listed or (url,)
 
 
+AMQP_SCHEMES = ("amqp", "amqps")
+
+
+def check_url(url: str) -> str:
+    """``url`` if it is an AMQP URL with a host, else ``ValueError`` (which never shows the
+    URL: it may hold a password)."""
+    try:
+        parsed = URL(url.strip())
+    except ValueError:
+        parsed = URL()
+    if parsed.scheme not in AMQP_SCHEMES or not parsed.host:
+        raise ValueError("not an AMQP URL: give amqp://user:password@host:5672/vhost (or amqps://)")
+    return url.strip()
+
+
 def login(url: str | URL) -> str | None:
     """The user a connection to ``url`` logs in as (aiormq's default ``guest`` when the URL
     names none); ``None`` when it authenticates with a client certificate (``auth=external``):

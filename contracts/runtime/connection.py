@@ -3,8 +3,9 @@ workers and the tool services share (``worker.settings``, ``tool_services.settin
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from contracts.runtime import amqp, redis_client
 from contracts.runtime.secrets import LoopwireSettings
 from contracts.runtime.tls import TlsFiles
 
@@ -38,3 +39,18 @@ class ConnectionSettings(LoopwireSettings):
         description="CA file, client certificate and key for a rediss:// URL "
         "(LOOPWIRE_REDIS_TLS__CA_FILE, __CERT_FILE, __KEY_FILE).",
     )
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _an_amqp_url(cls, url: str) -> str:
+        return amqp.check_url(url)
+
+    @field_validator("amqp_urls")
+    @classmethod
+    def _amqp_urls(cls, urls: str) -> str:
+        return ",".join(amqp.check_url(u) for u in urls.split(",") if u.strip())
+
+    @field_validator("redis_url")
+    @classmethod
+    def _a_redis_url(cls, url: str) -> str:
+        return redis_client.check_url(url)

@@ -74,6 +74,21 @@ class ClusterURL:
     tls: bool = False
 
 
+URL_SCHEMES: Final = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
+
+
+def check_url(url: str) -> str:
+    """``url`` if it is a Redis URL, else ``ValueError`` (which never shows the URL: it may
+    hold a password)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in URL_SCHEMES or not (parts.netloc or parts.scheme == "unix"):
+        raise ValueError(
+            "not a Redis URL: give redis://user:password@host:6379/0 (or rediss://, "
+            "redis+cluster://host1:6379,host2:6379/)"
+        )
+    return url.strip()
+
+
 def is_cluster(redis: Redis) -> bool:
     """Whether ``redis`` is a cluster client (where a pipeline cannot carry a script)."""
     return isinstance(redis, RedisCluster)

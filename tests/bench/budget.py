@@ -23,6 +23,11 @@ KB_PER_TURN = 50.0
 KB_PER_TURN_AT = 2000
 TOOL_VS_FLOOR = 1.5
 """The SDK tool service's CPU per call, at most this times the tool protocol floor's."""
+LATE_VS_EARLY = 1.15
+"""Steps 46-50 of a 50-step turn cost at most this times steps 1-5 of the same turns, in
+worker CPU and in bytes written to Redis (loopwire's)."""
+LATE_VS_EARLY_STEPS = 50
+"""The turn length that target is set at."""
 
 
 @dataclass(frozen=True)
@@ -64,15 +69,21 @@ def verdict(value: float, limit: float, rounds: int, *, unmet: str = "") -> str:
 
 
 def ratio_target(
-    target: str, system: Sequence[float], reference: Sequence[float], limit: float
+    target: str,
+    system: Sequence[float],
+    reference: Sequence[float],
+    limit: float,
+    *,
+    unmet: str = "",
 ) -> Judged:
-    """``median(system) / median(reference) <= limit``, over per-round figures."""
+    """``median(system) / median(reference) <= limit``, over per-round figures; ``unmet`` as
+    for ``verdict``."""
     mine, theirs = _finite(system), _finite(reference)
     rounds = min(len(mine), len(theirs))
     value = float("nan")
     if rounds and statistics.median(theirs) > 0:
         value = statistics.median(mine) / statistics.median(theirs)
-    return Judged(target, limit, value, rounds, verdict(value, limit, rounds))
+    return Judged(target, limit, value, rounds, verdict(value, limit, rounds, unmet=unmet))
 
 
 def ceiling_target(

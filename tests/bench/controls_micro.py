@@ -74,6 +74,7 @@ async def _script_us(redis: Redis, script: str, n: int, controls: bool) -> float
             keys.session_requests(session),
             keys.session_turns(session),
             keys.session_replies(session),
+            keys.turn_steps(session, "t1"),
         ]
     await redis.hset(keys.session_state(session), mapping={"v": 3, "s": b"x" * 3000})
     await redis.rpush(keys.session_history(session), *([b"m" * 500] * 40))

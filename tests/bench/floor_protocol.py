@@ -13,8 +13,13 @@ message is acked). Per step, on top of the floor's consume, model call and ack:
   session history (a list of msgpack messages), and at step 0 the session's queue head and the
   turn's request too; step 0 saves the turn's input (``turn.started``);
 - the model's answer is saved (compare-and-set fenced by the lease, beside the state) before
-  the tool runs; the step's save appends its two messages to the history and lets go of the
-  lease; the last one also stores the result and dequeues the turn;
+  the tool runs; the step's save appends its two messages to the history and the step's record
+  (a msgpack blob: the model's finish reason, usage and timing, the call's name, arguments,
+  outcome and timing; not the tool's result, which the history holds) to the turn's list of
+  steps (``...:turn:<turn_id>:steps``), and lets go of the lease; the last one also stores the
+  result and dequeues the turn. The state itself is a few counters: its size is the same at
+  every step of a turn, however long, so that a step writes what it adds and nothing it wrote
+  before (the design's rule for long turns);
 - the tool call is published on a channel with publisher confirms, ``mandatory``, with an
   ``idempotency-key`` header, and waits for the confirmation before the reply;
 - the events: ``tool.invoking``, ``tool.invoked`` and ``step.completed`` every step, and
@@ -38,13 +43,16 @@ the same tool-side work as loopwire's (the calculator service's), not a responde
 replies.
 
 Run: ``python -m tests.bench.floor_protocol worker --model-url URL [--prefetch N]`` and
-``python -m tests.bench.floor_protocol tool`` (the tool protocol floor on its own queue).
+``python -m tests.bench.floor_protocol tool`` (the tool protocol floor on its own queue). With
+``LW_BENCH_TOOL=lookup`` the worker offers the model the ``long`` scenario's ``lookup`` tool
+instead of the calculator.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import sys
 import time
 import uuid
@@ -64,6 +72,7 @@ from aiormq import spec
 from redis.asyncio import Redis
 
 from contracts.runtime.redis_client import ready, redis_client
+from tests.bench import lookup
 from tests.bench.floor import QUORUM, RawRpc, serve
 from tests.bench.workload import (
     AMQP_URL,
@@ -71,6 +80,7 @@ from tests.bench.workload import (
     REDIS_CLUSTER,
     REDIS_URL,
     SYSTEM_PROMPT,
+    TOOL,
     tool_definition,
 )
 
@@ -79,6 +89,9 @@ TOOL_QUEUE = "bench.floorp.tool"
 EVENTS_EXCHANGE = "bench.floorp.events"
 SOURCE = "/bench/floor_protocol"
 LEASE_MS = 15_000
+TOOL_ENV = "LW_BENCH_TOOL"
+"""The tool the worker offers the model: the calculator (default) or ``lookup`` (the ``long``
+scenario's)."""
 
 # KEYS: turns, queue, requests ; ARGV: turn, request, ttl
 _ACCEPT = """
@@ -104,8 +117,9 @@ if ARGV[3] ~= '' then
 end
 return reply
 """
-# KEYS: lease, state, history, turns, queue, result ; ARGV: token, expected version, state,
-# answer ('' = none), release (1/0), ttl, turn, result ('' = none), messages to append...
+# KEYS: lease, state, history, turns, queue, result, the turn's steps ; ARGV: token, expected
+# version, state, answer ('' = none), release (1/0), ttl, turn, result ('' = none), the step's
+# record ('' = none), messages to append...
 _SAVE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease') end
 local v = redis.call('HGET', KEYS[2], 'v')
@@ -113,7 +127,11 @@ if (v or '') ~= ARGV[2] then return redis.error_reply('STALE version') end
 local next = (tonumber(v) or 0) + 1
 redis.call('HSET', KEYS[2], 'v', next, 's', ARGV[3])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], 'a', ARGV[4]) else redis.call('HDEL', KEYS[2], 'a') end
-if #ARGV > 8 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 9)) end
+if #ARGV > 9 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 10)) end
+if ARGV[9] ~= '' then
+  redis.call('RPUSH', KEYS[7], ARGV[9])
+  redis.call('EXPIRE', KEYS[7], ARGV[6])
+end
 if ARGV[8] ~= '' then
   redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[6])
   redis.call('HSET', KEYS[4], ARGV[7], 'done')
@@ -214,7 +232,8 @@ class ProtocolFloorWorker:
     def __init__(self, model_url: str, prefetch: int) -> None:
         self.url = model_url
         self.prefetch = prefetch
-        self.tools = [tool_definition()]
+        tool = os.environ.get(TOOL_ENV, TOOL)
+        self.tools = [lookup.definition() if tool == lookup.LOOKUP else tool_definition()]
 
     async def run(self, stop: asyncio.Event) -> None:
         redis = await ready(
@@ -338,6 +357,7 @@ class ProtocolFloorWorker:
             answer: bytes = b"",
             release: bool = False,
             result: bytes = b"",
+            record: bytes = b"",
         ) -> int:
             saved: int = await self.save(
                 keys=[
@@ -347,6 +367,7 @@ class ProtocolFloorWorker:
                     state_key(session, "turns"),
                     state_key(session, "queue"),
                     state_key(session, "result"),
+                    state_key(session, f"turn:{turn}:steps"),
                 ],
                 args=[
                     token,
@@ -357,6 +378,7 @@ class ProtocolFloorWorker:
                     KEY_TTL_S,
                     turn,
                     result,
+                    record,
                     *[msgpack.packb(m) for m in append],
                 ],
             )
@@ -376,10 +398,12 @@ class ProtocolFloorWorker:
             "messages": [{"role": "system", "content": SYSTEM_PROMPT}, *messages],
             "tools": self.tools,
         }
+        asked = time.time()
         response = await self.client.post(
             "/chat/completions", cast_to=httpx2.Response, content=orjson.dumps(body)
         )
         completion = orjson.loads(response.content)
+        answered = time.time()
         answer = completion["choices"][0]["message"]
         assistant = {
             "role": "assistant",
@@ -390,7 +414,7 @@ class ProtocolFloorWorker:
         call = answer["tool_calls"][0]
         name = call["function"]["name"]
         await self.event("tool.invoking", work, {"tool": name, "call_id": call["id"]}, call["id"])
-        called = time.monotonic()
+        called, call_started = time.monotonic(), time.time()
         key = f"{turn}:{call['id']}"
         request = {
             "schema_version": 1,
@@ -423,10 +447,36 @@ class ProtocolFloorWorker:
             "tool_call_id": call["id"],
             "content": orjson.dumps(reply["value"]).decode(),
         }
+        record = {  # what the step did, beside the history that holds its messages
+            "index": step,
+            "type": "tool_execution",
+            "input_count": len(body["messages"]),
+            "started_at": asked,
+            "completed_at": time.time(),
+            "response": {
+                "finish_reason": completion["choices"][0].get("finish_reason"),
+                "usage": completion.get("usage") or {},
+                "model": completion.get("model", ""),
+                "response_id": completion.get("id"),
+                "duration_s": answered - asked,
+            },
+            "tools": [
+                {
+                    "call_id": call["id"],
+                    "name": name,
+                    "arguments": request["arguments"],
+                    "outcome": "ok",
+                    "content_chars": len(tool["content"]),
+                    "truncated": False,
+                    "started_at": call_started,
+                    "completed_at": time.time(),
+                }
+            ],
+        }
         state["steps"] += 1
         last = step + 1 >= steps
         result = msgpack.packb({"turn": turn, "finish_reason": "max_iterations"}) if last else b""
-        await save([assistant, tool], release=True, result=result)
+        await save([assistant, tool], release=True, result=result, record=msgpack.packb(record))
         await self.event(
             "step.completed",
             work,

@@ -99,6 +99,8 @@ class Driver:
         self.open: set[str] = set()
         """Turns started by the current measurement and not finished: a reply for any other turn
         (a late one of an aborted run) is ignored."""
+        self.sessions: list[str] = []
+        """The sessions of the turns started by ``launch``."""
 
     async def start(self) -> None:
         assert self.shared.connection is not None
@@ -120,13 +122,15 @@ class Driver:
         elif self.started == self.done:
             self.idle.set()
 
-    def _launch(self) -> None:
+    def _launch(self, tag: str = "") -> None:
         assert self.target is not None
         self.started += 1
         n = self.started
-        turn_id = f"b{self.run_id}-{self.target.name[0]}{n}-{uuid.uuid4().hex[:6]}"
-        session_id = f"b{self.run_id}-{self.target.name[0]}s{n}-{uuid.uuid4().hex[:6]}"
+        turn_id = f"b{self.run_id}-{tag}{self.target.name[0]}{n}-{uuid.uuid4().hex[:6]}"
+        session_id = f"b{self.run_id}-{tag}{self.target.name[0]}s{n}-{uuid.uuid4().hex[:6]}"
         self.open.add(turn_id)
+        if tag:
+            self.sessions.append(session_id)
         task = asyncio.create_task(self.target.seed_and_publish(turn_id, session_id, self.reply_to))
         self.tasks.add(task)
         task.add_done_callback(self._launched)
@@ -206,6 +210,33 @@ class Driver:
             raise RuntimeError("; ".join(errors[:3]))
         return window
 
+    def launch(self, target: Target, *, sessions: int, tag: str) -> None:
+        """Start ``sessions`` turns at once and no more (``finished`` waits for them); their
+        turn and session ids begin ``b<run id>-<tag>``, their sessions are in ``sessions``."""
+        self.target = target
+        self.done = self.started = 0
+        self.open.clear()
+        self.idle.clear()
+        self.feeding = False
+        self.sessions = []
+        for _ in range(sessions):
+            self._launch(tag)
+
+    async def finished(self, timeout_s: float) -> bool:
+        """Whether every turn ``launch`` started finished within ``timeout_s``; raises if one
+        could not be started."""
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            for task in list(self.tasks):
+                await task
+            if self.errors:
+                errors, self.errors = self.errors, []
+                raise RuntimeError("; ".join(errors[:3]))
+        return True
+
     async def hold(
         self, target: Target, *, sessions: int, baseline: int, timeout_s: float
     ) -> dict[str, float]:
@@ -245,9 +276,16 @@ class Driver:
             "kb_per_turn": (rss - baseline) / max(1, waiting) / 1024,
         }
 
+    async def forget(self, tag: str) -> None:
+        """Delete the Redis keys of the turns ``launch`` started with ``tag``."""
+        for prefix in ("lw:", "lw:toolcall:", "bench:floorp:", "bench:toolfloor:"):
+            await self.shared.delete_matching(f"{prefix}{{b{self.run_id}-{tag}*")
+        await self.shared.delete_matching(f"lw:turn:b{self.run_id}-{tag}*")
+
     async def cleanup(self) -> None:
         await self.shared.delete_matching(f"lw:{{b{self.run_id}-*")
         await self.shared.delete_matching(f"lw:toolcall:{{b{self.run_id}-*")
         await self.shared.delete_matching(f"bench:floor:{{b{self.run_id}-*")
         await self.shared.delete_matching(f"bench:floorp:{{b{self.run_id}-*")
         await self.shared.delete_matching(f"bench:toolfloor:{{b{self.run_id}-*")
+        await self.shared.delete_matching(f"lw:turn:b{self.run_id}-*")  # a turn's session

@@ -16,8 +16,16 @@ Scenarios (all by default, in this order):
 - ``step``: worker CPU per step at 32 and 256 concurrent sessions: the floor, the protocol floor
   (``tests.bench.floor_protocol``: the floor making every operation the design requires) and
   loopwire;
+- ``long``: steps 1-5 against the last five steps of the same 50-step turns (4 KB and 16 KB
+  tool results, 32 sessions), loopwire and the protocol floor: worker CPU, bytes written to and
+  read from Redis per step, the stored state's size (``--long-steps 10,25,50,100``: a curve of
+  turn lengths; ``--long-results``: the result sizes);
 - ``concurrency``: 2,000 turns in flight on one worker with a model answering after 2 s;
-- ``scaling``: one worker vs two on the same load.
+- ``scaling``: one worker vs two on the same load;
+- ``tenants``: the noisy neighbour: tenant A publishes a backlog of turns at once (0, 100,
+  1,000; quick 0, 100), tenant B then one, with each tenant's running turns capped: B's wait
+  to its start and result, A's drain, the worker CPU per A turn ahead of B
+  (``tests.bench.tenants``; needs ``rabbitmqctl`` to create the tenants' users).
 
 ``--quick`` (the CI smoke run, about a minute and a half) runs every scenario but ``tool`` once
 at a small scale. The exit status is 1 when a turn failed or finished wrong (never for slow
@@ -60,6 +68,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run only these scenarios (repeatable); default: all",
     )
     parser.add_argument("--rounds", type=int, help="alternated rounds per measurement")
+    parser.add_argument(
+        "--long-steps",
+        type=_int_list,
+        help="turn lengths of the long scenario, e.g. 10,25,50,100 (default 50; quick 12)",
+    )
+    parser.add_argument(
+        "--long-results",
+        type=_int_list,
+        help="tool result sizes of the long scenario in bytes (default 4096,16384; quick 4096)",
+    )
+    parser.add_argument(
+        "--tenant-backlogs",
+        type=lambda text: _int_list(text, least=0),
+        help="tenant A's backlogs of the tenants scenario, e.g. 0,1000,3000 (default 0,100,1000)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON result")
     parser.add_argument(
         "--profile", type=Path, help="run the worker processes under cProfile, stats in this dir"
@@ -72,10 +95,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _int_list(text: str, least: int = 1) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of whole numbers: {text!r}") from None
+    if not values or min(values) < least:
+        raise argparse.ArgumentTypeError(f"not a list of numbers of at least {least}: {text!r}")
+    return values
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = QUICK if args.quick else FULL
+    changes: dict[str, Any] = {}
     if args.rounds:
-        plan = type(plan)(**{**plan.__dict__, "rounds": args.rounds})
+        changes["rounds"] = args.rounds
+    if args.long_steps:
+        changes["long_steps"] = args.long_steps
+    if args.long_results:
+        changes["long_results"] = args.long_results
+    if args.tenant_backlogs:
+        changes["tenant_backlogs"] = args.tenant_backlogs
+    if changes:
+        plan = type(plan)(**{**plan.__dict__, **changes})
     names = args.scenario or [n for n in SCENARIOS if not (args.quick and n in NOT_QUICK)]
     run_id = uuid.uuid4().hex[:6]
     shared = Shared()

@@ -16,11 +16,14 @@ from typing import Any
 from tests.bench import budget, micro
 from tests.bench.composed import context, events, streaming, subagent, tracing
 from tests.bench.controls_micro import unused_controls
+from tests.bench.gateway import gateway
 from tests.bench.held import VARIANTS as HELD_VARIANTS
 from tests.bench.load import Driver, Window
+from tests.bench.long import long
 from tests.bench.procs import ROOT
 from tests.bench.report import median, ratio, table
 from tests.bench.targets import FloorTarget, LoopwireTarget, ModelServer, Shared, Target
+from tests.bench.tenants import tenants
 from tests.bench.tool_cost import tool
 
 
@@ -48,6 +51,24 @@ class Plan:
     """Tool calls a second in the ``tool`` scenario."""
     tool_warmup_s: float = 2
     tool_window_s: float = 10
+    long_sessions: int = 32
+    """Turns at once in the ``long`` scenario."""
+    long_steps: tuple[int, ...] = (50,)
+    """Turn lengths of the ``long`` scenario (``--long-steps``: a curve)."""
+    long_results: tuple[int, ...] = (4096, 16384)
+    """Tool result sizes of the ``long`` scenario, in bytes (``--long-results``)."""
+    long_timeout_s: float = 300
+    """How long the ``long`` scenario waits for its turns to reach a barrier or end."""
+    tenant_backlogs: tuple[int, ...] = (0, 100, 1000)
+    """Tenant A's turns published at once before tenant B's one (``tenants`` scenario)."""
+    tenant_cap: int = 8
+    """``LOOPWIRE_TENANTS__MAX_RUNNING`` of the ``tenants`` scenario."""
+    tenant_delay_s: float = 0.2
+    """The model's answer delay in the ``tenants`` scenario."""
+    gateway_runs: int = 200
+    """Runs each way (AMQP, HTTP) in the ``gateway`` scenario."""
+    gateway_streams: int = 1000
+    """Streams open at once in the ``gateway`` scenario."""
 
 
 FULL = Plan(
@@ -87,6 +108,14 @@ QUICK = Plan(
     held_calls=200,
     tool_warmup_s=1,
     tool_window_s=3,
+    long_sessions=4,
+    long_steps=(12,),
+    long_results=(4096,),
+    long_timeout_s=120,
+    tenant_backlogs=(0, 100),
+    gateway_runs=30,
+    gateway_streams=100,
+    tenant_delay_s=0.1,
 )
 
 
@@ -676,6 +705,7 @@ SCENARIOS = {
     "rpc": rpc,
     "tool": tool,
     "step": step_cost,
+    "long": long,
     "concurrency": concurrency,
     "scaling": scaling,
     "controls": controls,
@@ -684,6 +714,8 @@ SCENARIOS = {
     "events": events,
     "tracing": tracing,
     "streaming": streaming,
+    "tenants": tenants,
+    "gateway": gateway,
 }
 NOT_QUICK = ("tool",)
 """Scenarios ``--quick`` leaves out unless named (``--scenario``)."""

@@ -26,6 +26,7 @@ from contracts.runtime.redis_client import ready, redis_client
 from contracts.state import AgentState, SessionContext
 from contracts.turns import InputMessage, TurnRequest, TurnResult
 from tests.bench import floor, floor_protocol
+from tests.bench.lookup import LOOKUP
 from tests.bench.procs import ROOT, Proc, free_port, http_ok
 from tests.bench.workload import (
     AGENT,
@@ -58,14 +59,43 @@ class ModelServer:
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.control = f"http://127.0.0.1:{control}"
 
-    async def configure(self, delay: float, content_chars: int | None = None) -> None:
-        """The answer delay; ``content_chars``: the text each tool-calling answer carries."""
+    async def configure(
+        self,
+        delay: float,
+        content_chars: int | None = None,
+        tool: tuple[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """The answer delay; ``content_chars``: the text each tool-calling answer carries;
+        ``tool``: the tool every answer calls and its arguments (the calculator's by default)."""
         config: dict[str, Any] = {"delay": delay}
         if content_chars is not None:
             config["content_chars"] = content_chars
+        if tool is not None:
+            config["tool"], config["arguments"] = tool
+        await self._post("/config", config)
+
+    async def barrier(self, steps: list[int], turns: int) -> None:
+        """Hold every turn's request for these model calls until ``release`` (``[]``: none)."""
+        await self._post("/barrier", {"steps": steps, "turns": turns})
+
+    async def barrier_full(self, step: int, timeout_s: float) -> bool:
+        """Whether every turn waits at the barrier of ``step``, within ``timeout_s``."""
+        url = f"{self.control}/barrier/wait?step={step}&timeout={timeout_s}"
+        timeout = aiohttp.ClientTimeout(total=timeout_s + 10)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(url) as response,
+        ):
+            response.raise_for_status()
+            return bool((await response.json())["full"])
+
+    async def release(self, step: int) -> None:
+        await self._post(f"/barrier/release?step={step}", {})
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> None:
         async with (
             aiohttp.ClientSession() as session,
-            session.post(f"{self.control}/config", json=config) as response,
+            session.post(f"{self.control}{path}", json=payload) as response,
         ):
             response.raise_for_status()
 
@@ -141,7 +171,10 @@ class Shared:
         await self.channel.declare_queue(floor.TOOL_QUEUE, durable=True, arguments=floor.QUORUM)
         for name in (floor_protocol.WORK_QUEUE, floor_protocol.TOOL_QUEUE):
             await self.channel.declare_queue(name, durable=True, arguments=floor.QUORUM)
-        await self.channel.declare_queue(t.tool_queue(TOOL), durable=True, arguments=floor.QUORUM)
+        for tool in (TOOL, LOOKUP):
+            await self.channel.declare_queue(
+                t.tool_queue(tool), durable=True, arguments=floor.QUORUM
+            )
         await self.purge_work()
 
     async def close(self) -> None:
@@ -163,6 +196,7 @@ class Shared:
             t.TURNS_QUEUE,
             t.RETRY_QUEUE,
             t.tool_queue(TOOL),
+            t.tool_queue(LOOKUP),
             floor.WORK_QUEUE,
             floor.TOOL_QUEUE,
             floor_protocol.WORK_QUEUE,
@@ -209,11 +243,14 @@ class FloorTarget(Target):
         prefetch: int,
         steps: int,
         protocol: bool = False,
+        env: dict[str, str] | None = None,
     ) -> None:
         super().__init__(shared, model, prefetch=prefetch, steps=steps)
         self.history = history()
         self.name = "protocol" if protocol else "floor"
         self.module: ModuleType = floor_protocol if protocol else floor
+        self.env = env or {}
+        """The worker processes' environment, over the benchmark's."""
 
     async def start_helpers(self) -> None:
         tool = Proc(f"{self.name}-tool", ["-m", self.module.__name__, "tool"])
@@ -233,6 +270,7 @@ class FloorTarget(Target):
                 "--prefetch",
                 str(self.prefetch),
             ],
+            env=self.env,
         )
         proc.start(self.profile_dir)
         self.workers.append(proc)
@@ -287,11 +325,17 @@ class LoopwireTarget(Target):
         self.agents_file.write_text(json.dumps({"agents": [agent, *extra_agents]}))
         self.history_blobs = [encode(m) for m in chat_history()]
         self.failures = 0
+        self.agent = AGENT
+        """The agent the turns are started for."""
 
     async def start_helpers(self) -> None:
+        await self.start_tool_service("calculator", "tool_services.calculator", TOOL)
+
+    async def start_tool_service(self, name: str, module: str, tool_name: str) -> None:
+        """Start a tool service (``python -m module``) and wait until it announces its tool."""
         tool = Proc(
-            "calculator",
-            ["-m", "tool_services.calculator"],
+            name,
+            ["-m", module],
             env={
                 "LOOPWIRE_AMQP_URL": AMQP_URL,
                 "LOOPWIRE_REDIS_URL": REDIS_URL,
@@ -305,7 +349,7 @@ class LoopwireTarget(Target):
         self.helpers.append(tool)
 
         async def announced() -> bool:
-            return TOOL in await live_tools(self.shared.redis)
+            return tool_name in await live_tools(self.shared.redis)
 
         await tool.wait_ready(announced)
 
@@ -350,7 +394,7 @@ class LoopwireTarget(Target):
         now = time.time()
         state = AgentState(
             session_id=session_id,
-            agent=AGENT,
+            agent=self.agent,
             context=SessionContext(system_prompt=SYSTEM_PROMPT),
             history_len=len(self.history_blobs),
             created_at=now,
@@ -365,7 +409,7 @@ class LoopwireTarget(Target):
         request = TurnRequest(
             turn_id=turn_id,
             session_id=session_id,
-            agent=AGENT,
+            agent=self.agent,
             input=(InputMessage(content=turn_input(turn_id)),),
             reply_to=reply_to,
         )

@@ -5,7 +5,9 @@ Per call: decode the request (msgpack, no validation beyond what the function ne
 if its deadline has passed; claim it by its idempotency key (one Lua script: a stored reply is
 sent again, a call claimed elsewhere whose lease is alive is waited for, otherwise it is claimed
 with a lease); run the function, the calculator's evaluation of the expression
-(``tool_services/calculator/evaluator.py``, the same function the SDK's service runs); store the
+(``tool_services/calculator/evaluator.py``, the same function the SDK's service runs), or for
+the ``long`` scenario's ``lookup`` calls ``tests.bench.lookup.lookup_result`` (the function the
+bench's SDK lookup service runs); store the
 reply, first writer wins, letting go of the lease (one Lua script); publish the reply on a
 confirming channel (waiting for the broker's confirmation only, as ``floor_protocol`` does)
 with the request's ``correlation_id`` and ``idempotency-key`` echoed; ack. Two Redis round trips
@@ -39,6 +41,7 @@ from contracts.runtime.redis_client import ready, redis_client
 from contracts.topology import CONTENT_TYPE, H_IDEMPOTENCY_KEY, TOOLS_EXCHANGE, tool_queue
 from tests.bench.floor import QUORUM
 from tests.bench.floor_protocol import properties, publish_confirmed
+from tests.bench.lookup import LOOKUP, lookup_result
 from tests.bench.workload import AMQP_URL, KEY_TTL_S, REDIS_CLUSTER, REDIS_URL, TOOL
 from tool_services.calculator.evaluator import (
     EvaluationError,
@@ -95,6 +98,18 @@ def calculate(call_id: str, arguments: dict[str, Any]) -> dict[str, Any]:
     if value.denominator != 1:
         result["decimal"] = format_decimal(value)
     return reply(call_id, "ok", value=result)
+
+
+def respond(request: dict[str, Any]) -> dict[str, Any]:
+    """The reply to a call: the ``long`` scenario's ``lookup`` (``tests.bench.lookup``, the
+    function the SDK's bench service runs), or the calculator for any other tool name."""
+    arguments = request["arguments"]
+    if request["tool"] == LOOKUP:
+        query, size = arguments.get("query"), arguments.get("size", 4096)
+        if not isinstance(query, str) or not isinstance(size, int):
+            return reply(request["call_id"], "error", error="query and size are required")
+        return reply(request["call_id"], "ok", value=lookup_result(query, size))
+    return calculate(request["call_id"], arguments)
 
 
 def reply(
@@ -188,7 +203,7 @@ class ToolFloor:
             if kind == b"run":
                 break
             await asyncio.sleep(POLL_S)  # running elsewhere: wait for its stored reply
-        result = calculate(request["call_id"], request["arguments"])
+        result = respond(request)
         body: bytes = msgpack.packb(result)
         earlier = await self.store(keys=keys, args=[body, result["status"], KEY_TTL_S, token])
         return bytes(earlier) if earlier else body

@@ -110,6 +110,20 @@ def turn_of(body: dict[str, Any]) -> str | None:
     return None
 
 
+def step_of(body: dict[str, Any]) -> int | None:
+    """Which model call of its turn a chat-completions request is (1 for the first): every
+    completed step adds two messages after the turn's input (the assistant's tool call and the
+    tool's result)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if isinstance(message, dict) and message.get("role") == "user":
+            return (len(messages) - 1 - i) // 2 + 1
+    return None
+
+
 @dataclass(frozen=True)
 class Load:
     """One load level: ``sessions`` turns in flight at all times, each on a fresh session with

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = ROOT / "deploy/rabbitmq/definitions.json"
 ACL = ROOT / "deploy/redis/users.acl"
-ROLES = ("loopwire-worker", "loopwire-tools", "loopwire-publisher")
+ROLES = ("loopwire-worker", "loopwire-tools", "loopwire-publisher", "loopwire-keda")
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,8 @@ def broker_roles() -> Iterator[tuple[str, dict[str, str], dict[str, str]]]:
         for grant in definitions["permissions"]:
             role = grant["user"]
             rabbitmqctl("add_user", users[role], passwords[role])
+            tags = next(u["tags"] for u in definitions["users"] if u["name"] == role)
+            rabbitmqctl("set_user_tags", users[role], *tags)
             rabbitmqctl(
                 "set_permissions", "-p", vhost, users[role],
                 grant["configure"], grant["write"], grant["read"],

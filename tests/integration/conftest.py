@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +21,13 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
+from guard import STREAK, services_problem
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from support_rpc import (
     AMQP_URL,
@@ -32,7 +37,9 @@ from support_rpc import (
     ensure_test_vhost,
     service_settings,
 )
+from tenant_support import drop_intake_queues
 
+from contracts import topology as t
 from contracts.client import LoopwireClient
 from contracts.tools import ToolCallRequest
 from contracts.topology import tool_queue
@@ -47,6 +54,48 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session", autouse=True)
 def test_vhost() -> None:
     ensure_test_vhost()
+
+
+_failed_in_a_row = 0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Stop the suite when the shared services have gone, or after ``STREAK`` integration
+    tests in a row failed (guard.py): the tests after would fail the same way, one timeout
+    each, and the run would never end."""
+    global _failed_in_a_row
+    report = yield
+    if report.failed:
+        _tell_at_once(item, report)
+    if not report.failed:
+        if report.when == "call" or report.skipped:
+            _failed_in_a_row = 0
+        return report
+    _failed_in_a_row += 1
+    problem = services_problem()
+    if problem is None and _failed_in_a_row >= STREAK:
+        problem = f"{STREAK} integration tests in a row failed (the first of them shows why)"
+    if problem is not None:
+        item.session.shouldstop = f"stopping the suite: {problem}"
+    return report
+
+
+SERVICE_LOGS = pytest.StashKey[list[Path]]()
+"""Logs of the processes a test started (``spawn``): shown with its failure."""
+
+
+def _tell_at_once(item: pytest.Item, report: pytest.TestReport) -> None:
+    """A failure is printed when it happens, with the tail of each service log the test
+    started, and not only in the summary at the end: a run that is later ended from outside
+    (or by the watchdog, tests/suite_watchdog.py) still shows why its tests failed."""
+    lines = [f"\n{report.when} of {item.nodeid} failed: {report.longreprtext[-3000:]}"]
+    for path in item.stash.get(SERVICE_LOGS, []):
+        tail = path.read_text(errors="replace").splitlines()[-30:] if path.exists() else []
+        lines += [f"--- last lines of {path.name}:", *tail]
+    writer = item.config.get_terminal_writer()
+    writer.line("\n".join(lines))
+    writer.flush()
 
 
 @pytest.fixture
@@ -158,13 +207,17 @@ SpawnFn = Callable[..., Awaitable[Spawned]]
 
 
 @pytest.fixture
-async def spawn(tmp_path: Path, queues: list[str]) -> AsyncIterator[SpawnFn]:
+async def spawn(
+    tmp_path: Path, queues: list[str], request: pytest.FixtureRequest
+) -> AsyncIterator[SpawnFn]:
     """``await spawn(module, tool=..., env={...})``: start a tool service subprocess."""
     spawned: list[Spawned] = []
+    request.node.stash[SERVICE_LOGS] = logs = []
 
     async def start(module: str, *, tool: str, env: dict[str, str]) -> Spawned:
         queues.append(tool_queue(tool))
         log = tmp_path / f"service-{len(spawned)}.log"
+        logs.append(log)
         full_env = {
             **os.environ,
             "LOOPWIRE_AMQP_URL": AMQP_URL,
@@ -192,7 +245,8 @@ async def spawn(tmp_path: Path, queues: list[str]) -> AsyncIterator[SpawnFn]:
             if child.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.kill()
-            await child.process.wait()
+            with contextlib.suppress(TimeoutError):  # a kill that does not end it: move on
+                await asyncio.wait_for(child.process.wait(), 15)
 
 
 # -- fixtures of the distributed-worker tests -------------------------------------------------
@@ -261,3 +315,72 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[str, tuple[Callable[[], None
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# -- the tenants' tests: RabbitMQ users of their own ------------------------------------------
+
+TENANT_VHOST = unquote(urlsplit(AMQP_URL).path[1:]) or "/"
+
+
+def _rabbitmqctl(*args: str) -> None:
+    tool = shutil.which("rabbitmqctl")
+    assert tool, "rabbitmqctl is not installed"
+    subprocess.run([tool, "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tenant_users() -> Iterator[dict[str, str]]:
+    """Tenant -> the AMQP URL of a user of its own with the shipped publisher's permissions
+    (``deploy/rabbitmq/definitions.json``), allowed to bind only its own events
+    (docs/tenants.md)."""
+    definitions = json.loads((REPO / "deploy/rabbitmq/definitions.json").read_text())
+    (grant,) = (g for g in definitions["permissions"] if g["user"] == "loopwire-publisher")
+    uid = uuid.uuid4().hex[:8]
+    urls = {}
+    for tenant in ("acme", "globex"):
+        user, password = f"lwt-{tenant}-{uid}", uuid.uuid4().hex
+        _rabbitmqctl("add_user", user, password)
+        _rabbitmqctl(
+            "set_permissions", "-p", TENANT_VHOST, user,
+            grant["configure"], grant["write"], grant["read"],
+        )  # fmt: skip
+        # topic permissions on the events: bind (read) only keys of its own tenant
+        _rabbitmqctl(
+            "set_topic_permissions", "-p", TENANT_VHOST, user, t.EVENTS_EXCHANGE, "^$",
+            f"^{tenant}\\.",
+        )  # fmt: skip
+        # and on the intake: publish only with its own tenant's key
+        _rabbitmqctl(
+            "set_topic_permissions", "-p", TENANT_VHOST, user, t.INTAKE_EXCHANGE,
+            f"^{tenant}\\.turns$", "^$",
+        )  # fmt: skip
+        address = urlsplit(AMQP_URL)
+        where = f"{address.hostname}:{address.port or 5672}/{quote(TENANT_VHOST, safe='')}"
+        urls[tenant] = f"amqp://{user}:{password}@{where}"
+    _forget_tenants(("acme", "globex"))  # what an earlier run that failed midway left
+    try:
+        yield urls
+    finally:
+        _forget_tenants(("acme", "globex"))
+        drop_intake_queues(("acme", "globex"))
+        for url in urls.values():
+            user = url.split("//")[1].split(":")[0]
+            subprocess.run(["rabbitmqctl", "-q", "delete_user", user], capture_output=True)
+
+
+def _forget_tenants(tenants: tuple[str, ...]) -> None:
+    """The keys of the tests' own tenants outside their sessions (lines, slots, approvals,
+    spend, rate limits): each test's sessions are its own, these are the tenant's."""
+    client = SyncRedis.from_url(REDIS_URL)
+    try:
+        for tenant in tenants:
+            for pattern in (
+                f"lw:tenant:{{{tenant}}}:*",
+                f"lw:approvals:{tenant}:*",
+                f"lw:spend:tenant:{tenant}:*",
+                f"lw:rate:{{tenant:{tenant}}}:*",
+            ):
+                for key in client.scan_iter(match=pattern):
+                    client.delete(key)
+    finally:
+        client.close()

@@ -171,6 +171,21 @@ def event_bindings(pattern: str) -> int:
     return sum(line.split("\t") == [t.EVENTS_EXCHANGE, pattern] for line in out.splitlines())
 
 
+async def run_cli(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``loopwire ARGS`` in a subprocess with ``env`` as its whole environment."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "worker.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
 async def subscribed(pattern: str, before: int, timeout: float = 30.0) -> None:
     """Wait until one more subscriber than ``before`` is bound with ``pattern``: it hears every
     event published from now on."""
@@ -418,6 +433,20 @@ async def session_history(session_id: str, redis_url: str = REDIS_URL) -> list[A
         return await RedisStore(redis).history(session_id)
     finally:
         await redis.aclose()
+
+
+async def step_records(session_id: str, turn_id: str, redis_url: str = REDIS_URL) -> list[Any]:
+    """The records of a turn's completed steps, as the worker wrote them (its step list)."""
+    from contracts import keys
+    from contracts.codec import decode
+    from contracts.state import StepExecution
+
+    redis = redis_client(redis_url)
+    try:
+        items = await redis.lrange(keys.turn_steps(session_id, turn_id), 0, -1)
+    finally:
+        await redis.aclose()
+    return [decode(item, StepExecution) for item in items]
 
 
 async def duplicate_and_garbage(client: LoopwireClient, handle: TurnHandle) -> None:

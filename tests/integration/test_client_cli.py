@@ -27,6 +27,7 @@ from harness import (
     CountingToolService,
     WorkerProcess,
     event_bindings,
+    run_cli,
     subscribed,
     write_agents,
 )
@@ -66,15 +67,7 @@ async def live(
 
 async def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL, "LOOPWIRE_REDIS_URL": REDIS_URL}
-    return await asyncio.to_thread(
-        subprocess.run,
-        [*LOOPWIRE, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=timeout,
-    )
+    return await run_cli(*args, env=env, timeout=timeout)
 
 
 async def test_run_turn_returns_the_result(live: WorkerProcess, client: LoopwireClient) -> None:
@@ -236,9 +229,12 @@ async def test_cli_dlq_list_and_replay(
         assert completed[0].data.result.content == "the answer"  # type: ignore[union-attr]
         again = await cli("dlq", "list")
         assert handle.turn_id not in again.stdout
+        as_json = await cli("dlq", "list", "--json")
+        assert as_json.returncode == 0, as_json.stderr
+        assert all(json.loads(line)["id"] for line in as_json.stdout.splitlines())
         missing = await cli("dlq", "replay", "no-such-id")
-        assert missing.returncode == 1
-        assert "no dead-lettered message" in missing.stderr
+        assert missing.returncode == 5
+        assert missing.stderr.startswith("error: no dead-lettered message")
     finally:
         first.close()
         await handle.close()
@@ -298,9 +294,12 @@ async def test_cli_dlq_replays_a_dead_child_request_as_the_worker_vouched_for_it
     assert child.turn_id not in again.stdout, "the replay was taken, not refused as forbidden"
 
 
-async def run_demo(*command: str) -> subprocess.CompletedProcess[str]:
-    """The demo as a user runs it, against the test broker and Redis, with no model set."""
+async def run_demo(*command: str, tmpdir: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The demo as a user runs it, against the test broker and Redis, with no model set
+    (``tmpdir``: where its temporary files go)."""
     env = {**os.environ, "LOOPWIRE_AMQP_URL": AMQP_URL, "LOOPWIRE_REDIS_URL": REDIS_URL}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     env.pop("LOOPWIRE_MODEL__BASE_URL", None)
     return await asyncio.to_thread(
         subprocess.run,
@@ -313,12 +312,26 @@ async def run_demo(*command: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_demo_runs_end_to_end(topology: None) -> None:
-    out = await run_demo("bash", "scripts/demo")
+async def test_demo_runs_end_to_end(topology: None, tmp_path: Path) -> None:
+    out = await run_demo("bash", "scripts/demo", tmpdir=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "local scripted demo model" in out.stdout
     assert "tool.invoked" in out.stdout
     answer = next(line for line in out.stdout.splitlines() if line.startswith("answer: "))
+    assert "17 * 23 = 391" in answer
+    leftovers = await asyncio.to_thread(lambda: list(tmp_path.glob("loopwire-demo-*")))
+    assert leftovers == []  # its logs went with it
+
+
+async def test_demo_runs_the_turn_through_the_http_gateway(topology: None) -> None:
+    out = await run_demo(sys.executable, "-m", "worker.cli", "demo", "--http")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line.strip() for line in out.stdout.splitlines()]
+    events = [line.split(": ", 1)[1] for line in lines if line.startswith("event: ")]
+    assert events[0] == "metadata" and events[-1] == "end", events
+    assert "the thread's state through the langgraph-sdk client:" in lines
+    assert any(line.startswith("human: How does loopwire") for line in lines)
+    answer = next(line for line in lines if line.startswith("answer: "))
     assert "17 * 23 = 391" in answer
 
 
@@ -417,3 +430,74 @@ async def test_cli_dlq_refuses_to_replay_a_dead_step_and_keeps_it(
     assert refused.stderr.startswith(f"error: not replayed: {dead_id} is step work of turn")
     assert "publish the turn's request anew" in refused.stderr
     assert dead_id in (await cli("dlq", "list")).stdout, "the letter stays"
+
+
+def one_error(out: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+async def test_cli_controls_of_a_turn_that_does_not_exist_or_has_finished_exit_5(
+    live: WorkerProcess, client: LoopwireClient
+) -> None:
+    ghost = new_id()
+    for args, verb in (
+        (("cancel", ghost), "cancel"),
+        (("approve", ghost, "call-1"), "approve"),
+        (("reject", ghost, "call-1"), "reject"),
+    ):
+        out = await cli(*args)
+        assert out.returncode == 5, out.stderr
+        assert one_error(out) == (
+            f"error: no turn {ghost}: no worker has accepted a turn of that id, so there is "
+            f"nothing to {verb}"
+        )
+        assert "published" not in out.stdout
+    result = await client.run_turn("support", "hello", timeout=30)
+    out = await cli("cancel", result.turn_id)
+    assert out.returncode == 5, out.stderr
+    assert one_error(out) == (
+        f"error: turn {result.turn_id} has finished (stop): there is nothing to cancel"
+    )
+
+
+async def test_cli_a_turn_past_its_deadline_says_why_it_ended(live: WorkerProcess) -> None:
+    out = await cli("turn", "hello", "--agent", "support", "--deadline", "0.001")
+    assert out.returncode == 3, out.stderr
+    assert one_error(out).endswith(" cancelled: deadline")
+
+
+async def test_cli_session_delete_answers_in_json(
+    live: WorkerProcess, client: LoopwireClient
+) -> None:
+    result = await client.run_turn("support", "hello", timeout=30)
+    out = await cli("session", "delete", result.session_id, "--yes", "--json")
+    assert out.returncode == 0, out.stderr
+    deleted = json.loads(out.stdout)
+    assert deleted["session_id"] == result.session_id and deleted["deleted_keys"] > 0
+    gone = await cli("session", "show", result.session_id, "--amqp-url", AMQP_URL)
+    assert gone.returncode == 5
+    assert one_error(gone) == f"error: no session {result.session_id}"
+
+
+async def test_cli_a_json_body_is_dead_lettered_as_not_msgpack(live: WorkerProcess) -> None:
+    marker = new_id()
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        body = json.dumps({"turn_id": marker, "agent": "support"}).encode()
+        await channel.default_exchange.publish(
+            aio_pika.Message(body, message_id=marker), routing_key=t.TURNS_QUEUE
+        )
+    async with asyncio.timeout(30):
+        while True:  # until the worker has dead-lettered it
+            listed = await cli("dlq", "list", "--json")
+            assert listed.returncode == 0, listed.stderr
+            rows = [json.loads(line) for line in listed.stdout.splitlines()]
+            found = [r for r in rows if r["turn_id"] == marker]
+            if found:
+                break
+    assert found[0]["code"] == "malformed"
+    assert found[0]["reason"].startswith("not msgpack: the body is JSON")

@@ -1,6 +1,7 @@
 """The fleet-wide rate-limit script over the real Redis: a minute's worth of calls at once,
 then one slot every 60/rpm seconds, shared by every limiter of the same endpoint, by Redis's
-clock whatever the workers' clocks say."""
+clock whatever the workers' clocks say; a tenant's own limits beside the endpoint's, and a
+charge given back."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 from redis.asyncio import Redis
 from support_rpc import REDIS_URL
 
+from contracts import keys
 from contracts.messages import ChatMessage
-from worker.model.ratelimit import RedisRateLimiter, estimate_tokens
+from worker.model.ratelimit import RedisRateLimiter, TenantRateLimits, estimate_tokens
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +66,45 @@ async def test_tokens_per_minute_admit_by_the_estimated_size(redis: Redis, uid: 
         assert await once.admit(huge, None) == 0, "one call is charged a minute at most"
     finally:
         await redis.delete(*tokens.keys, *once.keys)
+
+
+async def test_a_tenants_own_limit_holds_it_back_and_no_other_tenant(
+    redis: Redis, uid: str
+) -> None:
+    """Tenant a is limited to 3 calls a minute, b to none; the endpoint's limit is shared."""
+    a, b = f"a{uid}", f"b{uid}"
+    rates = TenantRateLimits(
+        redis, requests_per_minute=0, tokens_per_minute=0, limits={a: (3, None)}
+    )
+    own = rates.of(a)
+    assert own is not None and rates.of(b) is None, "b is asked nothing"
+    endpoint = limiter(redis, uid, rpm=100)
+    try:
+        assert [await own.admit(MESSAGES, None) for _ in range(3)] == [0, 0, 0]
+        assert await own.admit(MESSAGES, None) == pytest.approx(20.0, abs=0.5)
+        assert [await endpoint.admit(MESSAGES, None) for _ in range(10)] == [0] * 10
+        assert await redis.exists(keys.tenant_rate_limit(b, "requests")) == 0
+    finally:
+        await redis.delete(*own.keys, *endpoint.keys)
+
+
+async def test_a_charge_given_back_is_a_slot_again(redis: Redis, uid: str) -> None:
+    """A tenant's call admitted, then refused by the endpoint, costs the tenant nothing: its
+    charge is given back (tokens too), and its next call takes that slot."""
+    tenant = RedisRateLimiter(redis, requests_per_minute=2, tokens_per_minute=400, tenant=f"a{uid}")
+    try:
+        assert await tenant.admit(MESSAGES, None) == 0
+        assert await tenant.admit(MESSAGES, None) == 0
+        await tenant.refund(MESSAGES, None)
+        assert await tenant.admit(MESSAGES, None) == 0, "the slot given back"
+        assert await tenant.admit(MESSAGES, None) == pytest.approx(30.0, abs=0.5)
+        await tenant.refund(MESSAGES, None)
+        await tenant.refund(MESSAGES, None)
+        await tenant.refund(MESSAGES, None)  # more than was charged: never before now
+        assert [await tenant.admit(MESSAGES, None) for _ in range(2)] == [0, 0]
+        assert await tenant.admit(MESSAGES, None) > 0
+    finally:
+        await redis.delete(*tenant.keys)
 
 
 # A worker process whose clock is ``argv[1]`` seconds off asks the limiter of ``argv[3]`` once.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -13,11 +14,18 @@ from redis.asyncio import Redis
 from contracts import keys
 from contracts.control import ApprovalRequest, TurnCancel, TurnDecision
 from contracts.messages import ChatMessage, ToolCall
-from contracts.state import ModelResponse, PendingStep, Spend
+from contracts.state import (
+    AgentStep,
+    ModelResponse,
+    PendingStep,
+    Spend,
+    StepExecution,
+    ToolExecution,
+)
 from contracts.turns import InputMessage, TurnError, TurnRequest
 from worker.errors import StaleStateError
 from worker.loop.approvals import parked
-from worker.loop.turn import closed, new_execution, turn_result, with_execution
+from worker.loop.turn import closed, new_execution, turn_result, with_execution, with_step
 from worker.profiles.agents import AgentProfile
 from worker.session.port import SessionStore, StepSession
 from worker.session.store import RedisStore
@@ -515,3 +523,106 @@ async def test_every_key_of_a_session_expires_as_its_turns_go(
         f"turn:{first.turn_id}:result",
     }
     assert all(ttl - 5 <= s <= ttl for s in ended.values()), ended
+
+
+async def test_a_steps_record_is_written_once_beside_the_state(
+    store: SessionStore, redis: Redis, uid: str
+) -> None:
+    """The save that completes a step appends its record to the turn's step list, once (a
+    stale copy of that save is refused whole); the state keeps its count, not the record; the
+    record keeps the calls' metadata, not the results the history holds."""
+    ttl = 3600
+    store.ttl_s = ttl  # type: ignore[attr-defined]
+    request = turn(uid)
+    await store.accept(request)
+    session = await take(store, request.session_id)
+    state = new_execution(session.take_state(), request, AGENT, time.time())
+    state = await session.save(state, append=[m.to_chat() for m in request.input])
+    call = ChatMessage(role="assistant", tool_calls=(ToolCall(id="c1", name="search"),))
+    result = ChatMessage.tool("c1", '{"items": ["a"]}')
+    now = time.time()
+    execution = ToolExecution(
+        call_id="c1",
+        name="search",
+        arguments={"q": "a"},
+        outcome="ok",
+        value={"items": ["a"]},
+        content='{"items": ["a"]}',
+        started_at=now,
+        completed_at=now,
+    )
+    record = StepExecution(
+        step=AgentStep(
+            index=0,
+            input_count=2,
+            output_messages=(call, result),
+            response=ModelResponse(message=call, finish_reason="tool_calls", model="m1"),
+            tool_executions=(execution,),
+        ),
+        started_at=now,
+        completed_at=now,
+    )
+    counted = with_step(state, record, pending=None)
+    saved = await session.save(counted, append=[result], step=record)
+    with pytest.raises(StaleStateError):  # a worker that missed that save does it again
+        await session.save(counted, append=[result], step=record)
+
+    steps = await session.load_steps(saved)
+    assert [r.step.index for r in steps] == [0]
+    kept = steps[0].step.tool_executions[0]
+    assert (kept.call_id, kept.outcome, kept.arguments) == ("c1", "ok", {"q": "a"})
+    assert (kept.content, kept.value, steps[0].step.output_messages) == ("", None, ())
+    stored = await store.stored_state(request.session_id)
+    assert stored is not None and stored.execution is not None
+    ex = stored.execution
+    assert (ex.step_count, ex.tool_calls, ex.steps) == (1, 1, ())
+    assert [(r.model, r.steps) for r in ex.models] == [("m1", 1)]
+    lives = await expiries(store, redis, request.session_id)
+    assert ttl - 5 <= lives[f"turn:{request.turn_id}:steps"] <= ttl, lives
+
+
+async def test_a_workflow_rounds_record_is_read_back_whatever_its_size_and_depth(
+    store: SessionStore, uid: str
+) -> None:
+    """A workflow round keeps its nodes' answers (in no history): records the worker wrote are
+    read back without the limits on messages from outside (4 MiB, 32 levels)."""
+    request = turn(uid)
+    await store.accept(request)
+    session = await take(store, request.session_id)
+    state = new_execution(session.take_state(), request, AGENT, time.time())
+    state = await session.save(state, append=[m.to_chat() for m in request.input])
+    deep: Any = {"leaf": "x"}
+    for _ in range(40):
+        deep = {"in": deep}
+    now = time.time()
+    answers = tuple(
+        ToolExecution(
+            call_id=f"node_{i}",
+            name="writer",
+            outcome="ok",
+            value={"text": "y" * 1_500_000, "deep": deep},
+            content="y" * 1000,
+            started_at=now,
+            completed_at=now,
+        )
+        for i in range(3)
+    )
+    call = ChatMessage(
+        role="assistant", tool_calls=tuple(ToolCall(id=a.call_id, name="writer") for a in answers)
+    )
+    record = StepExecution(
+        step=AgentStep(
+            index=0,
+            input_count=0,
+            response=ModelResponse(message=call, finish_reason="tool_calls"),
+            tool_executions=answers,
+        ),
+        started_at=now,
+        completed_at=now,
+    )
+    saved = await session.save(with_step(state, record, pending=None), step=record)
+    steps = await session.load_steps(saved)
+    assert len(steps) == 1
+    kept = steps[0].step.tool_executions
+    assert [len(e.value["text"]) for e in kept] == [1_500_000] * 3
+    assert kept[0].value["deep"] == deep

@@ -11,6 +11,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
+from contracts import keys
 from contracts.tools import ToolDefinition
 from contracts.turns import InputMessage, LimitOverrides, TurnRequest, TurnResult
 from contracts.work import StepWork
@@ -103,6 +104,11 @@ async def ended(redis: Redis, seq: SessionSequencer, turn: TurnRequest) -> TurnR
     without_ttl = [n for n in names if await redis.ttl(n) < 0]
     assert without_ttl == [], "every key of the session expires"
     assert await redis.llen(f"lw:{{{turn.session_id}}}:history") == 0, "no history written"
+    # the turn's step records stay, with the session's expiry: one for each step it completed
+    steps = keys.turn_steps(turn.session_id, turn.turn_id)
+    assert await redis.llen(steps) == result.steps
+    if result.steps:
+        assert 3600 - 5 <= await redis.ttl(steps) <= 3600
     return result
 
 

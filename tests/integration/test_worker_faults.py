@@ -25,6 +25,7 @@ from harness import (
     WorkerProcess,
     assert_valid_transcript,
     session_history,
+    step_records,
     write_agents,
 )
 from worker.cli.dlq import list_dead
@@ -34,7 +35,15 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize(
-    "point", ["model_saved", "tool_dispatched", "tool_result_saved", "step_saved", "before_ack"]
+    "point",
+    [
+        "model_saved",
+        "tool_dispatched",
+        "tool_result_saved",
+        "step_recorded",
+        "step_saved",
+        "before_ack",
+    ],
 )
 async def test_killed_worker_step_is_redone_by_another(
     point: str,
@@ -72,6 +81,9 @@ async def test_killed_worker_step_is_redone_by_another(
     messages = await session_history(session)
     assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
     assert_valid_transcript(messages)
+    records = await step_records(session, result.turn_id)
+    assert [r.step.index for r in records] == [0, 1], "a step recorded twice, or lost"
+    assert [e.outcome for e in records[0].step.tool_executions] == ["ok"]
     assert survivor.errors() == []
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from contracts import tenancy
 from contracts.messages import ChatMessage, ToolCall, Usage
 from contracts.state import ModelResponse
 from contracts.tools import ToolContext, ToolDefinition
@@ -41,7 +42,13 @@ def answer(text: str = "What I have so far.") -> ModelResponse:
 
 
 class Rig:
-    def __init__(self, profile: AgentProfile, *, price_per_call: float = 0.0) -> None:
+    def __init__(
+        self,
+        profile: AgentProfile,
+        *,
+        price_per_call: float = 0.0,
+        tenant_budgets: dict[str, Budget] | None = None,
+    ) -> None:
         self.store = MemoryStore()
         self.model = ScriptedAnswers()
         self.tools = FunctionTools({"lookup": lookup})
@@ -55,6 +62,7 @@ class Rig:
             agents=[profile],
             price=lambda _model, _usage: price_per_call,
             ledger=self.store,
+            tenant_budget=(lambda t: (tenant_budgets or {}).get(t, Budget())),
         )
 
     async def run(self, turn_id: str = "t1", budget: Budget | None = None) -> TurnResult:
@@ -173,6 +181,26 @@ async def test_a_daily_budget_counts_every_session_of_the_agent() -> None:
     result = await other.run("t2")
     assert (result.finish_reason, result.stopped_by) == ("budget", "agent_day.max_total_tokens")
     assert other.model.requests == []
+
+
+async def test_a_tenants_daily_budget_counts_its_turns_and_no_other_tenants() -> None:
+    budgets = {"acme": Budget(max_total_tokens=30)}
+    rig = Rig(AgentProfile(name="support"), tenant_budgets=budgets)
+    rig.model.answers.extend([calls_again(0), calls_again(1), answer("first")])
+    with tenancy.acting_for("acme"):
+        assert (await rig.run("t1")).finish_reason == "stop"
+    assert (await rig.store.spent_today("tenant:acme")).total_tokens == 30
+    assert (await rig.store.spent_today("support")).total_tokens == 0  # no agent budget
+
+    with tenancy.acting_for("acme"):  # spent: the next turn ends before it calls the model
+        result = await rig.run("t2")
+    assert (result.finish_reason, result.stopped_by) == ("budget", "tenant_day.max_total_tokens")
+    assert [e.budget for e in rig.exhausted()] == ["tenant_day.max_total_tokens"]
+    rig.model.answers.append(answer("globex's"))
+    with tenancy.acting_for("globex"):  # another tenant, no budget: not held back
+        assert (await rig.run("t3")).content == "globex's"
+    assert (await rig.store.spent_today("tenant:globex")).total_tokens == 0
+    rig.model.assert_done()
 
 
 async def test_no_budget_configured_computes_nothing() -> None:

@@ -28,6 +28,7 @@ from contracts.codec import (
     decode,
     decode_obj,
     encode,
+    encode_obj,
     encode_stored,
     read_stored,
 )
@@ -449,7 +450,7 @@ def test_unknown_extra_field_in_a_nested_contract() -> None:
         ("persist", "sometimes"),
         ("metadata", [1, 2]),
         ("limits", {"max_tool_iterations": "many"}),
-        ("limits", {"max_tool_iterations": 51}),
+        ("limits", {"max_tool_iterations": 501}),
         ("deadline", "tomorrow"),
         ("reply_to", "no spaces allowed"),
     ],
@@ -866,3 +867,19 @@ def test_a_stored_state_that_does_not_validate_is_a_decode_error() -> None:
     with pytest.raises(DecodeError) as caught:
         read_stored(b'{"session_id": "S1"}', AgentState)
     assert caught.value.code == "schema"
+
+
+def test_a_json_body_is_said_to_be_json_not_msgpack() -> None:
+    with pytest.raises(DecodeError, match=r"^not msgpack: the body is JSON"):
+        decode(json.dumps({"turn_id": "t1", "agent": "a"}).encode(), TurnRequest)
+
+
+def test_a_too_long_message_is_the_only_problem_named() -> None:
+    body = encode_obj(
+        {"turn_id": "t", "session_id": "s", "agent": "a", "input": [{"content": "x" * 1_000_001}]}
+    )
+    with pytest.raises(DecodeError) as caught:
+        decode(body, TurnRequest)
+    assert caught.value.reason == (
+        "invalid TurnRequest: input.0.content: String should have at most 1000000 characters"
+    )

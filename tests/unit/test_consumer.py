@@ -29,7 +29,7 @@ from contracts.events import Event, TurnRejected
 from contracts.messages import ChatMessage, ToolCall
 from contracts.state import ModelResponse
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext, ToolDefinition
-from contracts.turns import InputMessage, TurnParent, TurnRequest, TurnResult
+from contracts.turns import InputMessage, TurnParent, TurnRejection, TurnRequest, TurnResult
 from contracts.work import StepWork
 from worker.errors import RetryableError
 from worker.loop.ports import ModelRequest
@@ -224,6 +224,17 @@ def assert_step_message(published: Published, turn_id: str, index: int) -> None:
     assert published.properties.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
 
 
+def rejections(rig: Rig, queue: str = REPLIES) -> list[tuple[str | None, str | None, str]]:
+    """The rejections answered to ``queue``: turn id, session id and code of each."""
+    found = []
+    for published in rig.publisher.to(queue):
+        assert published.properties.message_type == "turn.rejection"
+        assert published.properties.correlation_id == decode(published.body, TurnRejection).turn_id
+        rejection = decode(published.body, TurnRejection)
+        found.append((rejection.turn_id, rejection.session_id, rejection.code))
+    return found
+
+
 def only_dead_letter(rig: Rig) -> Published:
     assert len(rig.dead_letters.published) == 1, rig.dead_letters.published
     letter = rig.dead_letters.published[0]
@@ -294,7 +305,8 @@ async def test_a_turn_id_another_session_accepted_is_refused_and_that_turn_runs_
     await rig.deliver(MemoryDelivery.of(rig.last_step()))
     [result] = rig.replies()
     assert (result.session_id, result.content) == (SESSION, "Order 42 shipped yesterday.")
-    assert rig.publisher.to("other.replies") == []
+    # the other publisher hears why its request was refused, and gets no result
+    assert rejections(rig, "other.replies") == [("t1", "s2", "turn_id_in_use")]
 
 
 # -- steps ----------------------------------------------------------------------------------
@@ -444,7 +456,8 @@ async def test_poison_request_is_dead_lettered_and_announced(make_rig: MakeRig) 
     [rejected] = rig.events.events
     assert (rejected.type, rejected.turn_id, rejected.session_id) == ("turn.rejected", "t1", "s1")
     assert rig.store.turns == {}
-    assert rig.publisher.published == []
+    assert rejections(rig) == [("t1", "s1", "poison")]
+    assert len(rig.publisher.published) == 1  # the rejection alone
 
 
 @pytest.mark.parametrize(
@@ -460,26 +473,29 @@ async def test_a_count_header_that_is_not_a_count_is_dead_lettered(
 
     assert acked_once(delivery)
     assert only_dead_letter(rig).headers[t.H_REASON_CODE] == "bad_header"
-    assert rig.publisher.published == []
+    assert rejections(rig) == [("t1", "s1", "bad_header")]
+    assert len(rig.publisher.published) == 1
 
 
 @pytest.mark.parametrize(
-    ("body", "code", "announced"),
+    ("body", "code", "turn_id"),
     [
-        (b"\xc1", "malformed", False),
-        (b"", "malformed", False),
-        (encode_obj({"turn_id": "t1", "session_id": "s1", "agent": "support"}), "schema", True),
-        (encode_obj(["not", "a", "map"]), "schema", False),
-        (b"\x00" * (MAX_MESSAGE_BYTES + 1), "oversize", False),
+        (b"\xc1", "malformed", "m1"),
+        (b"", "malformed", "m1"),
+        (encode_obj({"turn_id": "t1", "session_id": "s1", "agent": "support"}), "schema", "t1"),
+        (encode_obj(["not", "a", "map"]), "schema", "m1"),
+        (b"\x00" * (MAX_MESSAGE_BYTES + 1), "oversize", "m1"),
     ],
     ids=["not-msgpack", "empty", "missing-fields", "not-a-map", "oversize"],
 )
-async def test_malformed_request_is_dead_lettered(
-    make_rig: MakeRig, body: bytes, code: str, announced: bool
+async def test_malformed_request_is_dead_lettered_announced_and_answered(
+    make_rig: MakeRig, body: bytes, code: str, turn_id: str
 ) -> None:
+    """The turn is the body's where it can be read, else the ``message_id`` it was published
+    with; the publisher hears of the rejection on its ``reply_to``."""
     rig = make_rig()
 
-    delivery = await rig.deliver(MemoryDelivery(body, message_id="m1"))
+    delivery = await rig.deliver(MemoryDelivery(body, message_id="m1", reply_to=REPLIES))
 
     assert acked_once(delivery)
     letter = only_dead_letter(rig)
@@ -487,14 +503,43 @@ async def test_malformed_request_is_dead_lettered(
     assert letter.headers[t.H_REASON_CODE] == code
     assert letter.headers[t.H_REASON]
     assert letter.properties.message_id == "m1"
-    assert rig.publisher.published == []
     assert rig.store.turns == {}
-    if announced:
-        [event] = rig.events.events
-        assert (event.type, event.turn_id) == ("turn.rejected", "t1")
-        assert isinstance(event.data, TurnRejected) and event.data.code == code
-    else:
-        assert rig.events.events == []
+    [event] = rig.events.events
+    assert (event.type, event.turn_id) == ("turn.rejected", turn_id)
+    assert isinstance(event.data, TurnRejected) and event.data.code == code
+    [reply] = rig.publisher.published
+    assert (reply.routing_key, reply.properties.correlation_id) == (REPLIES, turn_id)
+    rejection = decode(reply.body, TurnRejection)
+    assert (rejection.turn_id, rejection.code, rejection.reason) == (
+        turn_id,
+        code,
+        letter.headers[t.H_REASON],
+    )
+
+
+@pytest.mark.parametrize("message_id", [None, "not a turn id", "m1\n"])
+@pytest.mark.parametrize("reply_to", [None, "loopwire.turns", "with space"])
+async def test_a_request_naming_no_readable_turn_or_queue_is_dead_lettered_alone(
+    make_rig: MakeRig, message_id: str | None, reply_to: str | None
+) -> None:
+    rig = make_rig()
+
+    delivery = await rig.deliver(MemoryDelivery(b"\xc1", message_id=message_id, reply_to=reply_to))
+
+    assert acked_once(delivery)
+    assert only_dead_letter(rig).headers[t.H_REASON_CODE] == "malformed"
+    assert rig.events.events == []
+    assert rig.publisher.published == []  # never to one of loopwire's own queues
+
+
+async def test_the_bodys_reply_to_is_answered_before_the_property(make_rig: MakeRig) -> None:
+    rig = make_rig()
+    body = encode_obj({"turn_id": "t1", "session_id": "s1", "reply_to": "body.replies"})
+
+    await rig.deliver(MemoryDelivery(body, reply_to="property.replies"))
+
+    assert [p.routing_key for p in rig.publisher.published] == ["body.replies"]
+    assert rejections(rig, "body.replies") == [("t1", "s1", "schema")]
 
 
 async def test_unknown_message_kind_is_dead_lettered_and_rejects_no_turn(
@@ -553,7 +598,8 @@ async def test_unknown_agent_is_dead_lettered(make_rig: MakeRig) -> None:
     [event] = rig.events.events
     assert (event.type, event.turn_id, event.agent) == ("turn.rejected", "t1", "billing")
     assert rig.store.turns == {}  # never accepted
-    assert rig.publisher.published == []
+    assert rejections(rig) == [("t1", "s1", "unknown_agent")]
+    assert len(rig.publisher.published) == 1
     assert rig.counted("loopwire_dead_lettered", "unknown_agent") == 1
 
 

@@ -214,7 +214,7 @@ def test_finish_event_type() -> None:
     ("field", "value"),
     [
         ("max_tool_iterations", 0),
-        ("max_tool_iterations", 51),
+        ("max_tool_iterations", 501),
         ("max_tool_iterations", -1),
         ("max_tool_result_chars", 255),
         ("max_tool_result_chars", 1_000_001),

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
+from contracts import topology
+from tool_services.mcp.check import list_served
+from tool_services.mcp.config import BridgeConfig, ServerConfig
+from tool_services.mcp.settings import BridgeSettings
 from tool_services.metrics import ToolServiceMetrics
 from tool_services.runner import load_factory
 from tool_services.settings import Settings as ToolSettings
@@ -128,6 +133,8 @@ def configure(
     settings_cls: type[BaseSettings] | None = (
         WorkerSettings
         if module == "worker"
+        else BridgeSettings
+        if module == "tool_services.mcp"
         else ToolSettings
         if module.startswith("tool_services.")
         else None
@@ -170,11 +177,25 @@ def seconds(duration: str | int) -> float:
 
 
 async def tools_of(service: str) -> set[str]:
+    if service == "mcp":  # its tools are those its MCP servers list: start them and ask
+        config = BridgeConfig.load(DEPLOY / "mcp.json")
+        servers = [_here(server) for server in config.servers]
+        served, problems = await list_served(config.model_copy(update={"servers": servers}))
+        assert not problems, problems
+        return {name for names in served.values() for name in names}
     built = load_factory(service)()
     try:
         return set(built.tools)
     finally:
         await built.shutdown()
+
+
+def _here(server: ServerConfig) -> ServerConfig:
+    """The server, its ``python`` this interpreter (the image's ``python`` has the package)."""
+    if server.stdio is None or server.stdio.command != "python":
+        return server
+    stdio = server.stdio.model_copy(update={"command": sys.executable})
+    return server.model_copy(update={"stdio": stdio})
 
 
 # -- metrics in queries --------------------------------------------------------------------------
@@ -253,7 +274,7 @@ def test_compose_runs_real_modules_with_real_settings(monkeypatch: pytest.Monkey
             "worker",
             "worker",
             "worker.testing.scripted_model",
-            *(f"tool_services.{n}" for n in ("search", "calculator", "notes")),
+            *(f"tool_services.{n}" for n in ("search", "calculator", "notes", "mcp")),
         ]
     )
     for name, service in loopwire_services():
@@ -380,7 +401,9 @@ async def test_kubernetes_manifests_match_the_processes(monkeypatch: pytest.Monk
     for doc in docs:
         by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
     deployments = by_kind["Deployment"]
-    (configmap,) = by_kind["ConfigMap"].values()
+    configmap = by_kind["ConfigMap"]["loopwire-agents"]
+    mcp = json.loads(by_kind["ConfigMap"]["loopwire-mcp"]["data"]["mcp.json"])
+    assert BridgeConfig.model_validate(mcp) == BridgeConfig.load(DEPLOY / "mcp.json")
     agents = AgentProfiles.model_validate(json.loads(configmap["data"]["agents.json"]))
     assert agents == AgentProfiles.load(DEPLOY / "agents.json")
     queues: dict[str, tuple[set[str], int]] = {}
@@ -436,7 +459,21 @@ async def test_kubernetes_manifests_match_the_processes(monkeypatch: pytest.Monk
         expected_queues, per_replica = queues[target]
         assert obj["spec"]["minReplicaCount"] >= 1
         triggers = obj["spec"]["triggers"]
-        assert {t["metadata"]["queueName"] for t in triggers} == expected_queues
+        named = {t["metadata"]["queueName"] for t in triggers if "useRegex" not in t["metadata"]}
+        patterns = [
+            re.compile(t["metadata"]["queueName"])
+            for t in triggers
+            if t["metadata"].get("useRegex") == "true"
+        ]
+        if patterns:  # the workers': loopwire.turns and every tenant's intake, summed
+            (pattern,) = patterns
+            assert triggers[0]["metadata"]["operation"] == "sum"
+            work = [*expected_queues, topology.intake_queue("acme")]
+            assert all(pattern.fullmatch(q) for q in work)
+            others = [topology.DEAD_LETTER_QUEUE, topology.RETRY_QUEUE, topology.wait_queue(16)]
+            assert not any(pattern.fullmatch(q) for q in others)
+        else:
+            assert named == expected_queues
         for trigger in triggers:
             meta = trigger["metadata"]
             assert trigger["type"] == "rabbitmq" and meta["mode"] == "QueueLength"
@@ -452,3 +489,38 @@ async def test_kubernetes_manifests_match_the_processes(monkeypatch: pytest.Monk
     assert files == set(
         yaml.safe_load((DEPLOY / "k8s/kustomization.yaml").read_text())["resources"]
     )
+
+
+def test_kedas_broker_user_is_shipped_and_may_read_queue_lengths_only() -> None:
+    """The user KEDA's Secret names exists in the broker's definitions, with the tag the
+    management API asks of a user that reads a queue's length in its vhost (``management``),
+    and no AMQP rights beyond logging in to that vhost."""
+    definitions = json.loads((DEPLOY / "rabbitmq/definitions.json").read_text())
+    (secret,) = (
+        doc["stringData"]
+        for doc in load_yaml_docs(DEPLOY / "k8s/secret.example.yaml")
+        if doc["metadata"]["name"] == "loopwire-keda"
+    )
+    url = secret["rabbitmq-management-url"]
+    user = url.split("//", 1)[1].split(":", 1)[0]
+    (shipped,) = (u for u in definitions["users"] if u["name"] == user)
+    assert shipped["tags"] == ["management"]
+    (grant,) = (g for g in definitions["permissions"] if g["user"] == user)
+    assert (grant["configure"], grant["write"], grant["read"]) == ("^$", "^$", "^$")
+    vhosts = {
+        trigger["metadata"]["vhostName"]
+        for doc in manifests()
+        if doc["kind"] == "ScaledObject"
+        for trigger in doc["spec"]["triggers"]
+    }
+    assert vhosts == {grant["vhost"]}
+
+
+def test_compose_reads_the_variables_every_process_reads() -> None:
+    """A value compose takes from the caller's environment has the setting's own name
+    (LOOPWIRE_MODEL__BASE_URL), not one only compose knows (LOOPWIRE_MODEL_BASE_URL)."""
+    text = (DEPLOY / "compose.yaml").read_text()
+    taken = re.findall(r"^\s*(LOOPWIRE_\w+):\s*\$\{(LOOPWIRE_\w+)", text, flags=re.MULTILINE)
+    assert taken, "compose passes the model's settings through"
+    assert [(key, key) for key, _ in taken] == taken
+    assert not re.findall(r"LOOPWIRE_MODEL_(?!_)\w+", text)

@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
+from contracts import keys, tenancy
 from contracts.control import TurnCancel
 from contracts.registry import live_tools
 from contracts.state import AgentState
@@ -31,6 +32,7 @@ from worker.redaction.vault import RedisVault
 from worker.session.handle import SessionHandle
 from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
+from worker.session.tenant_slots import TenantSlots
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSION = "s-slot-1"
@@ -205,11 +207,31 @@ CASES: dict[str, tuple[str, Case]] = {
     "ERASE_KEYS": ("worker/session/records.py", _erase_keys),
     "SAVE": ("worker/session/store.py", lambda r: _handle(r).save(_state(), result=_result())),
     "SAVE without a result": ("worker/session/store.py", lambda r: _handle(r).save(_state())),
+    "tenant slot ADMIT": (
+        "worker/session/tenant_slots.py",
+        lambda r: TenantSlots(r, default_cap=1).admit("acme", TURN, SESSION, 1.0),
+    ),
+    "tenant slot RELEASE": (
+        "worker/session/tenant_slots.py",
+        lambda r: TenantSlots(r, default_cap=1).release("acme", TURN, 1.0),
+    ),
     "ADMIT": (
         "worker/model/ratelimit.py",
         lambda r: RedisRateLimiter(
             r, endpoint="http://model/v1", requests_per_minute=60, tokens_per_minute=6000
         ).admit([], 100),
+    ),
+    "tenant rate ADMIT": (
+        "worker/model/ratelimit.py",
+        lambda r: RedisRateLimiter(
+            r, requests_per_minute=60, tokens_per_minute=6000, tenant="acme"
+        ).admit([], 100),
+    ),
+    "tenant rate REFUND": (
+        "worker/model/ratelimit.py",
+        lambda r: RedisRateLimiter(
+            r, requests_per_minute=60, tokens_per_minute=6000, tenant="acme"
+        ).refund([], 100),
     ),
     "redaction ASSIGN": (
         "worker/redaction/vault.py",
@@ -239,10 +261,12 @@ CASES: dict[str, tuple[str, Case]] = {
 }
 
 
+@pytest.mark.parametrize("tenant", [None, "acme"])
 @pytest.mark.parametrize("name", sorted(CASES))
-async def test_a_script_keeps_its_keys_in_one_slot(name: str) -> None:
+async def test_a_script_keeps_its_keys_in_one_slot(name: str, tenant: str | None) -> None:
+    """With tenancy off, and within a tenant (whose name goes inside the hash tag)."""
     recorder = Recorder()
-    with pytest.raises(Stop):
+    with tenancy.acting_for(tenant), pytest.raises(Stop):
         await CASES[name][1](recorder)
     script_keys = recorder.scripts[-1]
     assert script_keys, "the script was called without keys"
@@ -258,3 +282,37 @@ def test_every_script_has_a_case() -> None:
             if re.search(r"\.register_script\(|\.eval(sha)?\(", path.read_text(encoding="utf-8")):
                 registering.add(str(path.relative_to(ROOT)))
     assert registering == {module for module, _ in CASES.values()}
+
+
+async def test_a_turns_step_list_is_in_its_sessions_slot() -> None:
+    """The save that completes a step appends its record to the turn's step list: the list is
+    one of the save script's keys, in the session's slot (and so on a cluster's node)."""
+    recorder = Recorder()
+    with pytest.raises(Stop):
+        await _handle(recorder).save(_state(), result=_result())
+    script_keys = recorder.scripts[-1]
+    assert keys.turn_steps(SESSION, TURN) in script_keys
+    assert key_slot(keys.turn_steps(SESSION, TURN).encode()) == key_slot(
+        keys.session_state(SESSION).encode()
+    )
+
+
+def test_a_tenants_session_keys_are_its_own_and_in_one_slot() -> None:
+    """Two tenants' sessions of one id are two sets of keys, each in one slot; the default
+    tenant keeps the keys of a fleet without tenancy."""
+    built: dict[str | None, list[str]] = {}
+    for tenant in (None, "default", "acme", "globex"):
+        with tenancy.acting_for(tenant):
+            built[tenant] = [
+                keys.session_state(SESSION),
+                keys.session_history(SESSION),
+                keys.turn_steps(SESSION, TURN),
+                keys.session_lease(SESSION),
+                keys.turn_result(SESSION, TURN),
+                keys.session_thread(SESSION),
+            ]
+        assert len({key_slot(k.encode()) for k in built[tenant]}) == 1, built[tenant]
+    assert built[None] == built["default"]
+    assert built["acme"][0] == "lw:{acme/s-slot-1}:state"
+    assert not set(built["acme"]) & set(built["globex"])
+    assert not set(built["acme"]) & set(built[None])

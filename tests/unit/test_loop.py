@@ -22,7 +22,7 @@ import pytest
 from contracts.codec import encode_stored
 from contracts.events import StepCompleted, ToolInvoked, TurnFinished
 from contracts.messages import ChatMessage, Usage
-from contracts.state import AgentState, AgentStep, ModelResponse, ToolExecution
+from contracts.state import AgentState, AgentStep, ModelResponse, StepExecution, ToolExecution
 from contracts.tools import ToolCallReply, ToolContext, ToolDefinition
 from contracts.turns import (
     InputMessage,
@@ -1287,11 +1287,12 @@ class CrashingStore(MemoryStore):
         append: Sequence[ChatMessage] = (),
         result: TurnResult | None = None,
         release: bool = False,
+        step: StepExecution | None = None,
     ) -> AgentState:
         self.saves += 1
         if self.saves == self.crash_on:
             raise Crash(f"worker died at save #{self.saves}")
-        return await super().save(state, append=append, result=result)
+        return await super().save(state, append=append, result=result, step=step)
 
 
 # Saves of a turn with one step of two tool calls (the second call finishes first) and a final

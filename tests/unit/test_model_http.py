@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +14,10 @@ import openai
 import pytest
 from aiohttp import web
 
+from contracts.messages import ChatMessage
+from worker.errors import ModelError
+from worker.loop.ports import ModelRequest
+from worker.model.adapter import OpenAIModel
 from worker.model.http import (
     HeldBody,
     ModelClient,
@@ -20,6 +25,8 @@ from worker.model.http import (
     _without_telemetry,
     chat_options,
 )
+from worker.model.providers import client_for
+from worker.settings import ModelSettings
 
 
 class Server:
@@ -293,3 +300,24 @@ def test_telemetry_headers_are_dropped_however_the_headers_come() -> None:
     assert [(k.lower(), v) for k, v in _without_telemetry(dict(pairs))] == as_text
     assert [(k.lower(), v) for k, v in _without_telemetry(httpx2.Headers(pairs))] == as_text
     assert _without_telemetry(None) == []
+
+
+async def test_a_refused_connection_is_reported_as_refused_not_as_a_timeout() -> None:
+    """The aiohttp transport turns a refused connection into a ``ConnectTimeout`` ("Request
+    timed out." to the openai client); the model's error says what happened."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # a port nothing listens on
+        port = sock.getsockname()[1]
+        settings = ModelSettings(base_url=f"http://127.0.0.1:{port}/v1", max_retries=0)
+        client = client_for(settings, "key")
+        try:
+            with pytest.raises(ModelError) as raised:
+                await OpenAIModel(client, model="m").complete(
+                    ModelRequest(messages=[ChatMessage(role="user", content="hi")])
+                )
+        finally:
+            await client.close()
+
+    assert raised.value.code == "model_unavailable"
+    assert f"connection refused (Cannot connect to host 127.0.0.1:{port}" in str(raised.value)
+    assert "timed out" not in str(raised.value)

@@ -161,16 +161,10 @@ async def test_a_continuation_is_bounded_by_the_iteration_cap() -> None:
 
 
 async def test_the_step_records_say_who_stopped_and_who_continued() -> None:
-    records: list[AgentStep] = []
-
-    class Recorder(Hook):
-        async def after_execution(self, ctx: HookContext, result: Any) -> None:
-            assert ctx.state.execution is not None
-            records.extend(r.step for r in ctx.state.execution.steps)
-
-    hook = Hooks([Signals({0: ("stop", "continue"), 1: ("stop",)}), Recorder()])
+    hook = Hooks([Signals({0: ("stop", "continue"), 1: ("stop",)})])
     w = world({"agents": [{"name": "a"}]}, {"a": looping}, hook, tools={"echo": echo_tool})
     await w.run(request("a", "go"))
+    records = [r.step for r in w.store.steps["S1", "T1"]]  # the turn's step list
     assert [(s.stopped_by, s.continued_by) for s in records] == [
         ("stopper", "checker"),
         ("stopper", None),
@@ -316,7 +310,13 @@ async def test_the_hook_example_in_the_docs_runs(
         }
     )
     hook = HookSets(profiles).for_agent("a")
-    asked = iter([calls_tool("refund", amount=500), says("a refund of 50"), says("checked: 50")])
+    asked = iter(
+        [
+            calls_tool("refund", amount=500),
+            says("a refund of 50"),
+            says("checked: a refund of 50 is fine"),  # mentions a refund: checked once a turn
+        ]
+    )
     w = world(
         {"agents": [{"name": "a", "limits": {"empty_streak_after": 0}}]},
         {"a": lambda r: next(asked)},
@@ -327,7 +327,8 @@ async def test_the_hook_example_in_the_docs_runs(
     history = [(m.role, m.content) for m in w.store.histories["S1"]]
     assert history[2] == ("tool", json.dumps({"error": "blocked: refunds over 100 need a human"}))
     assert history[-2][0] == "user" and "no refund over the limit" in (history[-2][1] or "")
-    assert w.result("T1").content == "checked: 50"
+    assert w.result("T1").content == "checked: a refund of 50 is fine"
+    assert w.result("T1").steps == 3
 
 
 async def test_a_spent_budget_ends_the_turn_whatever_a_hook_asks() -> None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from contracts import topology
 from contracts.events import EVENT_TYPES
 from contracts.schema import PUBLIC_CONTRACTS
+from gateway.http.settings import GatewaySettings
 from tool_services.settings import Settings as ToolSettings
 from worker.settings import Settings as WorkerSettings
 
@@ -38,7 +39,10 @@ def env_names(model: type[BaseModel], prefix: str = "LOOPWIRE_") -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("name", sorted(set(env_names(WorkerSettings) + env_names(ToolSettings))))
+@pytest.mark.parametrize(
+    "name",
+    sorted(set(env_names(WorkerSettings) + env_names(ToolSettings) + env_names(GatewaySettings))),
+)
 def test_every_setting_is_documented(name: str) -> None:
     assert f"`{name}`" in OPERATIONS, f"{name} is missing from docs/operations.md"
 

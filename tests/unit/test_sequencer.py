@@ -506,6 +506,28 @@ async def test_fail_turn_of_a_finished_turn_changes_nothing_and_repeats_its_effe
     assert await rig.lease_is_free()
 
 
+async def test_a_finished_turns_effects_are_repeated_while_the_next_turn_runs(rig: Rig) -> None:
+    """The worker that ended t1 died before announcing and replying; t2 has started since: a
+    redelivered copy, and a copy given up on as poison, repeat t1's reply and leave t2 be."""
+    rig.script(answers("Shipped."), calls_lookup(content="Let me look that up."))
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_request(request("t2"))
+    await rig.sequencer.on_step(work("t1", 0))
+    await rig.sequencer.on_step(work("t2", 0))  # t2's model answered; its tool is out
+    result = rig.store.results[SESSION, "t1"]
+
+    for actions in (
+        await rig.sequencer.on_step(work("t1", 0), redone=True),
+        await rig.sequencer.fail_turn(work("t1", 0), "poison", "delivered 19 times"),
+    ):
+        assert codes(actions) == ["finished_turn"]
+        assert actions[:-1] == [Reply(REPLIES, result)]  # no kick of the running t2
+    assert (SESSION, "t2") not in rig.store.results
+    state = rig.store.states[SESSION]
+    assert state.execution is not None and state.execution.turn_id == "t2"
+    assert await rig.lease_is_free()
+
+
 async def test_a_copy_of_a_turn_not_finished_is_announced_as_the_same_event(rig: Rig) -> None:
     await rig.sequencer.on_request(request("t1"))
     await rig.sequencer.on_request(request("t1"))
@@ -732,6 +754,29 @@ async def test_a_call_that_needs_approval_parks_the_turn_holding_nothing() -> No
     again = await rig.sequencer.on_step(work("t1", 0))
     assert [type(a) for a in again] == [Delay]
     assert [e.id for e in rig.events.events if e.type == "approval.requested"] == [requested.id] * 2
+
+
+async def test_a_tool_whose_definition_asks_for_approval_parks_every_agents_call() -> None:
+    """A tool service (an MCP bridge's configuration) may declare that its tool's calls wait
+    for a human, whichever agent makes them: the agent need not list it."""
+    store, model, events = MemoryStore(), ScriptedAnswers(), ListSink()
+    tools = FunctionTools({"lookup": lookup})
+    guarded = LOOKUP.model_copy(update={"approval": True})
+    sequencer = sequencer_over(
+        store, model=model, tools=tools, definitions=[guarded], events=events
+    )
+    model.answers.extend([calls_lookup("Let me look."), answers("Found it.")])
+    await sequencer.on_request(request("t1"))
+
+    [delay] = await sequencer.on_step(work("t1", 0))
+
+    assert isinstance(delay, Delay)
+    assert tools.calls == []
+    [requested] = [e for e in events.events if e.type == "approval.requested"]
+    assert requested.data.tool == "lookup"  # type: ignore[union-attr]
+    await store.record_control(SESSION, "t1", "decision:call_1", decide())
+    await sequencer.on_step(work("t1", 0))
+    assert len(tools.calls) == 1
 
 
 async def test_a_call_is_listed_as_waiting_before_it_is_announced() -> None:

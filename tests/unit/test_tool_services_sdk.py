@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -13,7 +14,7 @@ from contracts.tools import ToolCallReply, ToolCallRequest, ToolContext
 from tool_services.calculator.evaluator import EvaluationError, evaluate, format_exact
 from tool_services.execute import encode_reply, run_tool
 from tool_services.runner import available, load_factory
-from tool_services.sdk import CallContext, ToolError, ToolResult, ToolService
+from tool_services.sdk import CallContext, OutcomeUnknown, ToolError, ToolResult, ToolService
 from tool_services.search.index import SearchIndex
 from tool_services.search.service import DOCS_DIR
 from tool_services.settings import Settings
@@ -103,6 +104,8 @@ async def test_run_tool_turns_every_outcome_into_a_reply() -> None:
             raise KeyError("k")
         if args.query == "odd":
             return ToolResult(value={1, 2})
+        if args.query == "gone":
+            raise OutcomeUnknown("the server went away mid-call")
         return ToolResult(value={"q": args.query}, state_updates={"seen": 1})
 
     tool = service.tools["echo"]
@@ -119,6 +122,28 @@ async def test_run_tool_turns_every_outcome_into_a_reply() -> None:
     odd = await run({"query": "odd"})
     assert odd.status == "ok"  # a set is JSON-able as a list
     assert sorted(odd.value) == [1, 2]
+    gone = await run({"query": "gone"})
+    assert (gone.status, gone.error) == ("unknown", "the server went away mid-call")
+
+
+def test_a_dynamic_service_changes_its_tools_and_offers_only_some() -> None:
+    service = ToolService("bridge", dynamic=True)
+    changes: list[int] = []
+    service.watch(lambda: changes.append(len(service.tools)))
+
+    async def fn(args: Args, ctx: CallContext) -> None:
+        return None
+
+    one = service.add_tool(fn, name="one")
+    two = replace(service.add_tool(fn, name="two"), offered=False)
+    service.replace_tools([one, two])
+    assert changes == [2]
+    assert set(service.tools) == {"one", "two"}  # both served
+    assert [d.name for d in service.definitions()] == ["one"]  # one announced
+    service.replace_tools([])
+    assert changes == [2, 0]
+    with pytest.raises(RuntimeError, match="not dynamic"):
+        ToolService("fixed").replace_tools([one])
 
 
 async def test_a_value_that_cannot_travel_is_an_error_reply() -> None:
@@ -221,7 +246,7 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_services_are_found_by_name() -> None:
-    assert available() == ["calculator", "memory", "notes", "search"]
+    assert available() == ["calculator", "mcp", "memory", "notes", "search"]
     factory = load_factory("calculator")
     assert list(factory().tools) == ["calculate"]
     with pytest.raises(LookupError, match="unknown tool service"):

@@ -14,7 +14,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from contracts.codec import encode
 from contracts.events import TurnRejected, make_event
 from contracts.handle import TurnHandle, TurnRejectedError
-from contracts.turns import InputMessage, TurnRequest
+from contracts.turns import InputMessage, TurnRejection, TurnRequest
 
 
 @dataclass
@@ -34,7 +34,7 @@ def rejected(session_id: str, code: str = "turn_id_in_use") -> Delivered:
         turn_id="turn-1",
         session_id=session_id,
     )
-    return Delivered(encode(event))
+    return Delivered(encode(event), type="turn.rejected")  # as events go: type = the event type
 
 
 async def handle_of(session_id: str) -> TurnHandle:
@@ -71,3 +71,30 @@ async def test_its_own_rejection_ends_the_turn() -> None:
 
     with pytest.raises(TurnRejectedError):
         await handle.result(1)
+
+
+async def test_the_workers_answer_to_a_refused_request_ends_the_turn() -> None:
+    """The rejection the worker sends to the request's reply queue (``type: turn.rejected``)
+    ends the turn on its own: the event may be left out of ``LOOPWIRE_EVENTS``."""
+    handle = await handle_of("s-a")
+    rejection = TurnRejection(
+        turn_id="turn-1",
+        code="unknown_agent",
+        reason="agent 'x' is not configured",
+        rejected_at=1.0,
+    )
+
+    await deliver(handle, Delivered(encode(rejection), type="turn.rejection"))
+
+    with pytest.raises(TurnRejectedError, match="is not configured"):
+        await handle.result(1)
+    with pytest.raises(TurnRejectedError):
+        await handle.accepted(1)
+
+
+async def test_its_rejection_event_ends_its_events_as_well() -> None:
+    handle = await handle_of("s-a")
+
+    await deliver(handle, rejected("s-a", "unknown_agent"))
+
+    assert [event.type async for event in handle.events()] == ["turn.rejected"]

@@ -8,7 +8,11 @@ store every instance shares (``tool_services.memory.store``: PostgreSQL).
   key, so a call redone after a crash stores one memory.
 - ``recall`` answers ``{"results": [...]}``, so the loop's empty-streak guard judges it.
 - Every change is announced as ``memory.updated`` on ``loopwire.events`` (scope, memory id,
-  ``remembered`` or ``forgotten``; never the text).
+  ``remembered`` or ``forgotten``; never the text), under the call's tenant's routing key.
+- Every scope is the call's tenant's (``tenancy.current()``, from the call's
+  ``context.tenant``): the store keeps a ``tenant`` with each memory and reads and forgets
+  within it, and a memory's id derives from its tenant too (``memory_id``). With tenancy off,
+  and for the tenant ``default``, ids, rows and answers are what they were before tenants.
 
 Configuration: ``LOOPWIRE_MEMORY__DATABASE_URL`` (``postgresql://…``),
 ``LOOPWIRE_MEMORY__EMBEDDINGS_URL`` (``http://…/v1``), ``LOOPWIRE_MEMORY__EMBEDDINGS_MODEL``,
@@ -29,9 +33,11 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts import tenancy
 from contracts import topology as t
 from contracts.codec import encode
 from contracts.events import MemoryUpdated, make_event
+from contracts.memory_table import tenant
 from contracts.runtime import amqp
 from contracts.runtime.tls import TlsFiles, TlsSettings
 from tool_services.memory.store import MemoryStore
@@ -150,7 +156,7 @@ class Memory:
                 aio_pika.Message(
                     encode(event), content_type=t.CONTENT_TYPE, headers=dict(event.headers())
                 ),
-                routing_key=event.routing_key,
+                routing_key=tenancy.routed(event.routing_key),
             )
         except Exception:  # events only observe: the memory is stored either way
             log.exception("could not announce memory %s %s", memory_id, action)
@@ -174,24 +180,33 @@ def owner_of(scope: Scope, ctx: CallContext) -> str:
     return user
 
 
+def memory_id(scope: Scope, owner: str, idempotency_key: str) -> str:
+    """The id of the memory a call remembers: the same call, the same id, so a redone call
+    stores one memory; for a tenant other than ``default`` the tenant is part of it."""
+    key = f"{scope}\0{owner}\0{idempotency_key}"
+    whose = tenant()
+    if whose != tenancy.DEFAULT:
+        key = f"{whose}\0{key}"
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
 def create_service(settings: MemorySettings | None = None) -> ToolService:
     memory = Memory(settings or MemorySettings())
     service = ToolService("memory")
 
     async def remember(args: RememberArgs, ctx: CallContext) -> ToolResult:
         owner = owner_of(args.scope, ctx)
-        key = f"{args.scope}\0{owner}\0{ctx.idempotency_key}"
-        memory_id = hashlib.sha256(key.encode()).hexdigest()[:24]
+        new_id = memory_id(args.scope, owner, ctx.idempotency_key)
         vector = await memory.embed(args.text)
         store = await memory.store()
-        if await store.remember(memory_id, args.scope, owner, args.text, args.tags, vector):
-            await memory.announce(ctx, args.scope, memory_id, "remembered")
-        return ToolResult(value={"remembered": True, "id": memory_id, "scope": args.scope})
+        if await store.remember(new_id, args.scope, owner, args.text, args.tags, vector, tenant()):
+            await memory.announce(ctx, args.scope, new_id, "remembered")
+        return ToolResult(value={"remembered": True, "id": new_id, "scope": args.scope})
 
     async def recall(args: RecallArgs, ctx: CallContext) -> dict[str, Any]:
         owner = owner_of(args.scope, ctx)
         vector = await memory.embed(args.query)
-        found = await (await memory.store()).recall(args.scope, owner, vector, args.k)
+        found = await (await memory.store()).recall(args.scope, owner, vector, args.k, tenant())
         return {
             "results": [
                 {"id": m.id, "text": m.text, "tags": m.tags, "score": round(m.score, 4)}
@@ -201,7 +216,7 @@ def create_service(settings: MemorySettings | None = None) -> ToolService:
 
     async def forget(args: ForgetArgs, ctx: CallContext) -> dict[str, Any]:
         owner = owner_of(args.scope, ctx)
-        gone = await (await memory.store()).forget(args.id, args.scope, owner)
+        gone = await (await memory.store()).forget(args.id, args.scope, owner, tenant())
         if gone:
             await memory.announce(ctx, args.scope, args.id, "forgotten")
         return {"forgotten": gone, "id": args.id}

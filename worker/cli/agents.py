@@ -24,10 +24,10 @@ EXIT_INVALID = 2
 def _loaded(path: Path) -> list[AgentProfile]:
     from worker.model.providers import endpoints
     from worker.profiles.source import check_file
-    from worker.settings import Settings
+    from worker.settings import load_settings
 
     try:
-        profiles, _ = check_file(path, endpoints(Settings()))
+        profiles, _ = check_file(path, endpoints(load_settings()))
     except ProfileError as exc:
         raise CliError(str(exc), code=EXIT_INVALID) from None
     return list(profiles.agents)
@@ -58,9 +58,9 @@ def describe(agent: AgentProfile, default_model: str) -> dict[str, object]:
 
 
 def run_list(path: Path, *, as_json: bool) -> int:
-    from worker.settings import Settings
+    from worker.settings import load_settings
 
-    default_model = Settings().model.model
+    default_model = load_settings().model.model
     for agent in _loaded(path):
         found = describe(agent, default_model)
         if as_json:

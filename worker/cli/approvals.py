@@ -14,23 +14,42 @@ import time
 from typing import Any, Literal
 
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
+from contracts import tenancy
 from contracts.control import TurnDecision
-from contracts.runtime.redis_client import redis_client
+from contracts.runtime.redis_client import (
+    RedisUnreachableError,
+    address,
+    check,
+    redis_client,
+)
 from contracts.runtime.tls import TlsFiles
-from worker.cli.turns import EXIT_OK, connect
+from worker.cli import arguments as checks
+from worker.cli.turns import EXIT_OK, connect, ensure_unfinished
 from worker.errors import CliError
 from worker.session.store import RedisStore
 
 
 async def list_approvals(
-    *, redis_url: str, as_json: bool, cluster: bool = False, tls: TlsFiles | None = None
+    *,
+    redis_url: str,
+    as_json: bool,
+    cluster: bool = False,
+    tls: TlsFiles | None = None,
+    tenant: str | None = None,
 ) -> int:
+    """The calls waiting for a decision; with ``tenant``, that tenant's (``contracts.keys``
+    names its list of them)."""
     redis = redis_client(redis_url, cluster=cluster, tls=tls)
     try:
-        waiting = await RedisStore(redis).approvals()
-    except OSError as exc:
-        raise CliError(f"cannot reach Redis: {exc}") from None
+        await check(redis, redis_url)  # RedisUnreachableError: one line, naming the address
+        with tenancy.acting_for(tenant):
+            waiting = await RedisStore(redis).approvals()
+    except RedisUnreachableError:
+        raise
+    except (RedisError, OSError) as exc:
+        raise CliError(f"lost Redis at {address(redis_url)}: {exc}") from None
     finally:
         await redis.aclose()
     now = time.time()
@@ -58,7 +77,9 @@ async def decide(
     arguments: str | None,
     message: str | None,
     by: str | None,
+    tenant: str | None = None,
 ) -> int:
+    checks.safe_id(turn_id, "TURN_ID")
     edited: dict[str, Any] | None = None
     if arguments is not None:
         try:
@@ -77,8 +98,10 @@ async def decide(
             by=by,
         )
     except ValidationError as exc:
-        raise CliError(f"invalid decision: {exc.errors()[0]['msg']}", code=2) from None
-    async with connect(amqp_url, tls) as client:
+        options = {"call_id": "CALL_ID", "message": "--message", "by": "--by"}
+        raise checks.bad_field(exc, options, "the decision") from None
+    async with connect(amqp_url, tls, tenant) as client:
+        await ensure_unfinished(client, turn_id, None, verdict)
         await client.decide(
             decision.turn_id,
             decision.call_id,

@@ -3,7 +3,8 @@
 It starts a worker and the example tool services (search, calculator, notes)
 as child processes, waits until they are ready, sends one turn whose answer
 needs tools, prints every event as it happens and the final answer, and stops
-everything it started (also on Ctrl-C or an error).
+everything it started (also on Ctrl-C or an error). The processes' logs go to a temporary
+folder that is removed when the turn answered, and kept (the demo says where) when it did not.
 
 The model is the endpoint configured with ``LOOPWIRE_MODEL__BASE_URL`` (plus
 ``LOOPWIRE_MODEL__API_KEY`` and ``LOOPWIRE_MODEL__MODEL``): a hosted model,
@@ -14,15 +15,18 @@ vLLM, Ollama… With none configured it runs the local scripted demo model
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import aiohttp
 
@@ -31,9 +35,11 @@ from contracts.registry import live_tools
 from contracts.runtime.amqp import address, resolve_urls
 from contracts.runtime.redis_client import redis_client
 from contracts.turns import TurnResult
+from gateway.http.keys import new_key
 from worker.cli.demo_model import demo_model
 from worker.cli.output import event_line
-from worker.settings import Settings
+from worker.cli.turns import ended
+from worker.settings import Settings, load_settings
 
 DEFAULT_QUESTION = "How does loopwire keep a tool from running twice, and what is 17 * 23?"
 DEMO_AGENT = {
@@ -155,15 +161,98 @@ async def _run_tree(client: LoopwireClient, question: str, timeout: float) -> Tu
         await handle.close()
 
 
+async def _run_http(
+    children: Children,
+    env: dict[str, str],
+    logs: Path,
+    question: str,
+    timeout: float,
+    client: LoopwireClient,
+) -> TurnResult | None:
+    """The same turn through the HTTP gateway: ``curl`` streams it, then the ``langgraph-sdk``
+    client (when installed) asks for the thread's state; the run's result as the fleet stored
+    it."""
+    key, entry = new_key("demo", None)
+    keys_file = logs / "keys.json"
+    keys_file.write_text(json.dumps({"keys": [entry.model_dump(exclude_none=True)]}))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    gateway_env = {
+        **env,
+        "LOOPWIRE_GATEWAY__PORT": str(port),
+        "LOOPWIRE_GATEWAY__KEYS_FILE": str(keys_file),
+    }
+    children.start("gateway", ["-m", "worker.cli", "gateway", "serve"], gateway_env)
+    deadline = time.monotonic() + 30
+    async with aiohttp.ClientSession() as http:
+        while True:
+            children.check()
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{url}/readyz") as response:
+                    if response.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the gateway did not become ready in time")
+            await asyncio.sleep(0.2)
+    thread = f"demo-{uuid.uuid4().hex[:8]}"
+    body = json.dumps(
+        {
+            "assistant_id": "demo",
+            "input": {"messages": [{"role": "user", "content": question}]},
+            "stream_mode": ["updates"],
+            "if_not_exists": "create",
+        }
+    )
+    say(f"  the HTTP gateway on {url}; a run streamed with curl:\n")
+    say("  curl -N -H 'x-api-key: $KEY' -H 'content-type: application/json' \\")
+    say(f"       -d '<the run>' {url}/threads/{thread}/runs/stream\n")
+    curl = shutil.which("curl")
+    if curl is None:
+        raise RuntimeError("curl is not installed: the --http demo shows a run through it")
+    proc = await asyncio.create_subprocess_exec(
+        curl, "-sS", "-N", "--max-time", str(int(timeout)), "-H", f"x-api-key: {key}",
+        "-H", "content-type: application/json", "-d", body,
+        f"{url}/threads/{thread}/runs/stream",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    async for line in proc.stdout:
+        text = line.decode(errors="replace").rstrip()
+        if text.startswith(("event:", "id:")) or (text.startswith("data:") and len(text) < 200):
+            say("  " + text)
+        elif text.startswith("data:"):
+            say("  " + text[:196] + "...")
+    await proc.wait()
+    try:
+        from langgraph_sdk import get_client
+    except ImportError:
+        say("\n  (langgraph-sdk is not installed: pip install langgraph-sdk to see it here)")
+    else:
+        say("\n  the thread's state through the langgraph-sdk client:")
+        say(f"  get_client(url={url!r}, api_key=KEY).threads.get_state({thread!r})")
+        async with get_client(url=url, api_key=key) as sdk:
+            state = await sdk.threads.get_state(thread)
+        values: dict[str, Any] = dict(state["values"])  # type: ignore[arg-type]
+        for message in values["messages"]:
+            say(f"    {message['type']:>6}: {str(message['content'])[:100]}")
+    runs = await client.sessions.turns(thread)
+    return await client.sessions.result(runs[-1].turn_id, thread) if runs else None
+
+
 async def run_demo(
-    question: str = DEFAULT_QUESTION, *, timeout: float = 120.0, workflow: bool = False
+    question: str = DEFAULT_QUESTION,
+    *,
+    timeout: float = 120.0,
+    workflow: bool = False,
+    over_http: bool = False,
 ) -> int:
     """One turn of the ``demo`` agent; ``workflow``: one turn of the ``triage`` workflow (every
     event of its tree is printed: the classifier's, the routed agent's, the researcher's)."""
-    settings = Settings()
+    settings = load_settings()
     configured = "LOOPWIRE_MODEL__BASE_URL" in os.environ
     scripted = None if configured else demo_model()
     logs = Path(tempfile.mkdtemp(prefix="loopwire-demo-"))
+    answered = False
     children = Children(logs)
     say("loopwire demo: one turn through RabbitMQ, Redis, three tool services and a model")
     brokers = resolve_urls(settings.amqp_url, settings.amqp_urls)
@@ -193,11 +282,16 @@ async def run_demo(
         for service in SERVICES:
             children.start(service, ["-m", f"tool_services.{service}"], env)
         children.start("worker", ["-m", "worker"], env)
-        say(f"  started a worker and the tool services {', '.join(SERVICES)} (logs in {logs})")
+        say(f"  started a worker and the tool services {', '.join(SERVICES)}")
         await _wait_ready(children, settings, worker_port)
         say(f"\n> {question}\n")
         async with LoopwireClient(brokers, tls=settings.amqp_tls) as client:
-            if workflow:
+            if over_http:
+                found = await _run_http(children, env, logs, question, timeout, client)
+                if found is None:
+                    raise RuntimeError("the run through the gateway left no result")
+                result = found
+            elif workflow:
                 result = await _run_tree(client, question, timeout)
             else:
                 handle = await client.start_turn("demo", question)
@@ -207,14 +301,14 @@ async def run_demo(
                 await handle.close()
         say("")
         if result.finish_reason != "stop":
-            reason = result.error.message if result.error else result.finish_reason
-            say(f"the turn ended with {result.finish_reason}: {reason}")
+            say(f"the turn ended {ended(result)}")
             return 3
         say(f"answer: {result.content}")
         say(
             f"\n{result.steps} step(s), {result.usage.total_tokens} tokens, {result.duration_s:.2f} s; "
             f"session {result.session_id}"
         )
+        answered = True
         return 0
     except (RuntimeError, TimeoutError, OSError) as exc:
         sys.stderr.write(f"error: {exc}\n")
@@ -223,3 +317,7 @@ async def run_demo(
         children.stop()
         if scripted is not None:
             await scripted.stop()
+        if answered:
+            shutil.rmtree(logs, ignore_errors=True)
+        else:
+            sys.stderr.write(f"the worker's and tool services' logs are in {logs}\n")

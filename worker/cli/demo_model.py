@@ -6,6 +6,13 @@ the question (and computes any arithmetic in it, in parallel); in its second it
 files a note of what it found; then it answers from the tool results it was
 given. Everything around it — queues, Redis, tool services, events — is real.
 
+Run on its own (the walk-through in docs/operations.md, "Running it by hand")::
+
+    python -m worker.cli.demo_model --port 8099
+
+serves ``http://127.0.0.1:8099/v1`` until Ctrl-C or SIGTERM; point a worker at it with
+``LOOPWIRE_MODEL__BASE_URL=http://127.0.0.1:8099/v1`` and ``LOOPWIRE_MODEL__MODEL=loopwire-demo``.
+
 For the ``triage`` workflow (``loopwire demo --workflow``) it plays each agent by what the
 request offers: asked for structured output it classifies (billing words → ``billing``,
 else ``technical``); offered the ``researcher`` agent as a tool it delegates the question to
@@ -15,8 +22,13 @@ it and answers from its report; offered ``search`` alone it researches; offered
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import json
 import re
+import signal
+import sys
 from typing import Any
 
 from worker.testing.scripted_model import Reply, ScriptedModel
@@ -162,3 +174,35 @@ def demo_model() -> ScriptedModel:
     model = ScriptedModel(model="loopwire-demo")
     model.respond_with(demo_responder)
     return model
+
+
+async def _serve(host: str, port: int) -> None:
+    model = demo_model()
+    base_url = await model.start(host, port)
+    sys.stdout.write(f"demo model listening on {base_url} (a fixed plan, not an LLM)\n")
+    sys.stdout.flush()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        await stopping.wait()
+    finally:
+        await model.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.cli.demo_model",
+        description="The demo's scripted model on its own: an OpenAI-compatible server that "
+        "plays the demo's tool-calling plan (search, calculate, file a note, answer).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8099)
+    args = parser.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args.host, args.port))
+
+
+if __name__ == "__main__":
+    main()

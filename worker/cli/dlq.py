@@ -12,18 +12,27 @@ publishes the message to ``loopwire.turns`` without the dead-letter headers
 vouched for (its ``user_id`` is the user the command logs in as: run it as the worker user)
 keeps that ``user_id``, so a dead child turn's request or result is taken again
 (``worker.transport.senders``); any other is replayed without one.
+
+With a tenant (``loopwire --tenant NAME dlq ...``, docs/tenants.md) the command sees only the
+letters whose ``x-loopwire-tenant`` header names that tenant (a publisher acting for it, or a
+worker doing its work, stamped it), and a replay goes out vouched for as that tenant's: with
+the user the command logs in as and the tenant's header, so a worker with tenancy on takes it
+when that user is the tenant's or a trusted one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from contracts import tenancy
 from contracts import topology as t
+from contracts.base import SAFE_ID_PATTERN
 from contracts.codec import DecodeError, decode_obj
 from contracts.runtime.amqp import connect, login, resolve_urls
 from contracts.runtime.tls import TlsFiles
@@ -56,6 +65,8 @@ class DeadLetter:
     turn_id: str | None
     kind: str
     size: int
+    tenant: str | None = None
+    """The tenant its ``x-loopwire-tenant`` header names, if any."""
 
 
 def dead_id(message: AbstractIncomingMessage) -> str:
@@ -72,12 +83,16 @@ def describe(message: AbstractIncomingMessage) -> DeadLetter:
     reason = str(headers.get(t.H_REASON) or headers.get("x-first-death-reason") or "unknown")
     code = str(headers.get(t.H_REASON_CODE) or "broker")
     turn_id = None
+    tenant = headers.get(tenancy.H_TENANT)
+    if isinstance(tenant, bytes):
+        tenant = tenant.decode(errors="replace")
     try:
         obj = decode_obj(message.body)
         if isinstance(obj, dict) and isinstance(obj.get("turn_id"), str):
             turn_id = obj["turn_id"][:128]
-    except DecodeError:
-        pass
+    except DecodeError:  # the turn a publisher named in its properties (the client's message_id)
+        if message.message_id and re.fullmatch(SAFE_ID_PATTERN, message.message_id):
+            turn_id = message.message_id
     return DeadLetter(
         id=dead_id(message),
         reason=reason,
@@ -85,7 +100,13 @@ def describe(message: AbstractIncomingMessage) -> DeadLetter:
         turn_id=turn_id,
         kind=str(headers.get(t.H_KIND, t.KIND_START)),
         size=len(message.body),
+        tenant=tenant[:128] if isinstance(tenant, str) else None,
     )
+
+
+def _of(message: AbstractIncomingMessage, tenant: str | None) -> bool:
+    """Whether ``message`` is one the command sees: any without a tenant, else the tenant's."""
+    return tenant is None or describe(message).tenant == tenant
 
 
 async def _take_all(channel: AbstractChannel) -> list[AbstractIncomingMessage]:
@@ -98,18 +119,22 @@ async def _take_all(channel: AbstractChannel) -> list[AbstractIncomingMessage]:
         taken.append(message)
 
 
-async def list_dead(amqp_url: str, tls: TlsFiles | None = None) -> list[DeadLetter]:
+async def list_dead(
+    amqp_url: str, tls: TlsFiles | None = None, tenant: str | None = None
+) -> list[DeadLetter]:
     connection = await connect(amqp_url, name="loopwire-cli", tls=tls)
     async with connection:
         channel = await connection.channel()
         taken = await _take_all(channel)
-        described = [describe(m) for m in taken]
+        described = [describe(m) for m in taken if _of(m, tenant)]
         for message in taken:
             await message.nack(requeue=True)
         return described
 
 
-async def replay(amqp_url: str, wanted: str, tls: TlsFiles | None = None) -> DeadLetter | None:
+async def replay(
+    amqp_url: str, wanted: str, tls: TlsFiles | None = None, tenant: str | None = None
+) -> DeadLetter | None:
     """Republish the dead letter ``wanted`` to the turn queue; ``None`` when there is no such id.
 
     A dead *step* is refused (``NotReplayableError``) and left where it is: the worker that
@@ -125,7 +150,7 @@ async def replay(amqp_url: str, wanted: str, tls: TlsFiles | None = None) -> Dea
         found: DeadLetter | None = None
         refused: DeadLetter | None = None
         for message in taken:
-            if found is None and dead_id(message) == wanted:
+            if found is None and dead_id(message) == wanted and _of(message, tenant):
                 found = describe(message)
                 if found.kind == t.KIND_STEP:
                     await message.nack(requeue=True)
@@ -134,6 +159,9 @@ async def replay(amqp_url: str, wanted: str, tls: TlsFiles | None = None) -> Dea
                 headers = {
                     k: v for k, v in (message.headers or {}).items() if k not in _DEAD_HEADERS
                 }
+                user_id = message.user_id if message.user_id == me else None
+                if tenant is not None:  # vouched for as the tenant's, as the client does
+                    user_id, headers[tenancy.H_TENANT] = me, tenant
                 await channel.default_exchange.publish(
                     aio_pika.Message(
                         message.body,
@@ -143,7 +171,7 @@ async def replay(amqp_url: str, wanted: str, tls: TlsFiles | None = None) -> Dea
                         correlation_id=message.correlation_id,
                         reply_to=message.reply_to,
                         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                        user_id=message.user_id if message.user_id == me else None,
+                        user_id=user_id,
                     ),
                     routing_key=t.TURNS_QUEUE,
                 )

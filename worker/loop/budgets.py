@@ -1,7 +1,7 @@
 """Budgets: what a turn, a session and an agent in a day may spend, checked before every model
 call.
 
-Three scopes, each a ``Budget`` of the agent (``budget``, ``session_budget``,
+Four scopes, three of them a ``Budget`` of the agent (``budget``, ``session_budget``,
 ``daily_budget``; a turn request may lower the per-turn one, never raise it): total tokens,
 cost (from the workers' price table), tool calls and wall time. The session's spend is kept in
 its state (``AgentState.spent``, its finished turns) and the agent's day in the store's
@@ -9,7 +9,10 @@ ledger (its finished turns that day, UTC); both are counted with the turn's own 
 Other turns still running elsewhere are counted once they end. A turn's spend includes its child
 turns' (its per-turn and session budgets count them); the agent's day counts only what the
 turn spent itself, since each child adds its own to its agent's day: a model call counts once
-in a day, for the agent that made it, however the turns nest.
+in a day, for the agent that made it, however the turns nest. The fourth, while tenancy is
+on, is the tenant's day (``LOOPWIRE_TENANTS__DAILY_BUDGET`` or its own in
+``LOOPWIRE_TENANTS__LIMITS``), kept in the same ledger under ``tenant:<name>`` (an agent's
+name has no ``:``) and counted as the agent's day is.
 
 When one is spent the turn makes one last model call without tools, with the agent's
 ``budget_note``, and ends with ``finish_reason: budget`` and ``stopped_by`` naming the budget
@@ -47,11 +50,10 @@ class Spent:
 
 
 def turn_spend(ex: ExecutionState, now: float) -> Spend:
-    calls = sum(len(record.step.tool_executions) for record in ex.steps)
     return Spend(
         total_tokens=ex.usage.total_tokens,
         cost_usd=ex.cost_usd,
-        tool_calls=calls,
+        tool_calls=ex.tool_calls,
         wall_s=max(0.0, now - ex.started_at),
     )
 
@@ -78,10 +80,20 @@ def configured(agent: AgentSpec, ex: ExecutionState) -> bool:
     )
 
 
+def tenant_ledger_name(tenant: str) -> str:
+    """The tenant's day in the spend ledger, beside the agents'."""
+    return f"tenant:{tenant}"
+
+
 def first_spent(
-    state: AgentState, agent: AgentSpec, now: float, today: Spend | None
+    state: AgentState,
+    agent: AgentSpec,
+    now: float,
+    today: Spend | None,
+    tenant_today: tuple[Budget, Spend] | None = None,
 ) -> Spent | None:
-    """The first budget that is spent, by scope (turn, session, agent's day) and limit."""
+    """The first budget that is spent, by scope (turn, session, agent's day, tenant's day)
+    and limit; ``tenant_today``: the tenant's daily budget and its spend today."""
     ex = state.execution
     assert ex is not None
     mine = turn_spend(ex, now)
@@ -91,7 +103,10 @@ def first_spent(
     ]
     if today is not None:
         scopes.append(("agent_day", agent.daily_budget, today + own_spend(ex, now)))
-    called = bool(ex.steps) or ex.usage.total_tokens > 0
+    if tenant_today is not None:
+        budget, spent = tenant_today
+        scopes.append(("tenant_day", budget, spent + own_spend(ex, now)))
+    called = ex.step_count > 0 or ex.usage.total_tokens > 0
     for scope, budget, spend in scopes:
         for limit_name, spend_name in LIMITS.items():
             limit = getattr(budget, limit_name)

@@ -34,7 +34,7 @@ from worker.loop.outcomes import Finished, ModelCall, RunAgain, StepOutcome, Wai
 from worker.loop.output import schema_of
 from worker.loop.ports import observe
 from worker.loop.spec import AgentSpec
-from worker.loop.turn import recorded_step, turn_of, unique_call_ids, with_execution
+from worker.loop.turn import recorded_step, turn_of, unique_call_ids, with_execution, with_step
 
 log = logging.getLogger("loopwire.loop")
 
@@ -78,7 +78,7 @@ class Completion(Composer):
         ex = turn_of(state)
         ctx = HookContext(state=state, agent=agent, step=call.index)
         response = await self.hooks.after_model(ctx, response)
-        response = unique_call_ids(response, ex, call.index)
+        response = unique_call_ids(response, call.taken, call.index)
         content = response.message.content
         pending = PendingStep(
             index=call.index,
@@ -152,15 +152,13 @@ class Completion(Composer):
             if more is not None:
                 stop = None  # a continuation overrides a stop of the same step
         record = StepExecution(step=step, started_at=pending.started_at, completed_at=now)
-        state = with_execution(
-            state, steps=(*ex.steps, record), pending=None, empty_streak=streak, stop_signal=stop
-        )
+        state = with_step(state, record, pending=None, empty_streak=streak, stop_signal=stop)
         agent_name = ex.request.agent
         outcome: StepOutcome
-        if not calls and more is not None and len(ex.steps) + 1 < ex.limits.max_tool_iterations:
+        if not calls and more is not None and ex.step_count + 1 < ex.limits.max_tool_iterations:
             # a final answer, and a hook asks for one more step (a self-check)
             note = [ChatMessage(role="user", content=more.message)] if more.message else []
-            state = await self._save(state, append=note, release=True)
+            state = await self._save(state, append=note, release=True, step=record)
             await self._emit_step(state, record, invoked=unsaved)
             outcome = RunAgain(state)
         elif not calls:
@@ -188,7 +186,7 @@ class Completion(Composer):
                 step=record,
                 invoked=unsaved,
             )
-        elif len(ex.steps) + 1 >= ex.limits.max_tool_iterations:
+        elif ex.step_count + 1 >= ex.limits.max_tool_iterations:
             outcome = await self.end(
                 state,
                 agent,
@@ -201,7 +199,7 @@ class Completion(Composer):
             observe(self.observer.iteration_cap_hit, agent_name)
         else:
             # the step's last write: it also lets go of what the store holds for the step
-            state = await self._save(state, append=tool_messages, release=True)
+            state = await self._save(state, append=tool_messages, release=True, step=record)
             await self._emit_step(state, record, invoked=unsaved)
             outcome = RunAgain(state)
         if hints:
@@ -234,6 +232,6 @@ class Completion(Composer):
         message = str(exc)[:4000]
         step = AgentStep(index=call.index, input_count=call.input_count, errors=(message,))
         record = StepExecution(step=step, started_at=call.started, completed_at=self.clock())
-        state = with_execution(state, steps=(*ex.steps, record), pending=None)
+        state = with_step(state, record, pending=None)
         error = TurnError(code=exc.code, message=message)
         return await self.end(state, agent, "error", ex.last_content, error=error, step=record)

@@ -48,7 +48,7 @@ from worker.loop.outcomes import Finished, RunAgain, StepOutcome, Waiting
 from worker.loop.ports import observe
 from worker.loop.spec import AgentSpec
 from worker.loop.tool_calls import Refused, call_arguments, error_content
-from worker.loop.turn import turn_of, with_execution
+from worker.loop.turn import turn_of, with_execution, with_step
 from worker.loop.workflow import Done, NodeFailed, input_text, plan, rounds_of
 
 Gated = tuple[AgentState, tuple[ToolExecution, ...]] | Waiting
@@ -201,7 +201,7 @@ class Composer(Fitting):
             return opened
         state, ex = opened, turn_of(opened)
         if ex.pending is None:
-            planned = plan(flow, input_text(ex), rounds_of(ex))
+            planned = plan(flow, input_text(ex), rounds_of(await self.store.load_steps(state)))
             if isinstance(planned, Done):
                 answer = ChatMessage(role="assistant", content=planned.content)
                 return await self.end(
@@ -225,7 +225,7 @@ class Composer(Fitting):
             )
             message = ChatMessage(role="assistant", tool_calls=calls)
             first = PendingStep(
-                index=len(ex.steps),
+                index=ex.step_count,
                 started_at=now,
                 response=ModelResponse(message=message, finish_reason="tool_calls"),
                 dispatched_at=now,
@@ -248,8 +248,8 @@ class Composer(Fitting):
         )
         record = StepExecution(step=step, started_at=pending.started_at, completed_at=self.clock())
         last = results[-1].content if results else ex.last_content
-        state = with_execution(state, steps=(*ex.steps, record), pending=None, last_content=last)
-        state = await self._save(state, release=True)
+        state = with_step(state, record, pending=None, last_content=last)
+        state = await self._save(state, release=True, step=record)
         await self._emit_step(state, record)  # the nodes' answers: child.finished
         return RunAgain(state)
 

@@ -41,10 +41,10 @@ from contracts.state import (
     ToolExecution,
     Wait,
 )
-from contracts.turns import FinishReason, TurnError, TurnRequest
+from contracts.turns import Budget, FinishReason, TurnError, TurnRequest
 from worker.loop.announce import delta_publisher, ended_step
 from worker.loop.approvals import undecided
-from worker.loop.budgets import configured, own_spend
+from worker.loop.budgets import configured, own_spend, tenant_ledger_name
 from worker.loop.children import agent_tools, unanswered_children
 from worker.loop.completion import Completion
 from worker.loop.hooks import Hook, HookContext, rewrites_answer
@@ -55,6 +55,7 @@ from worker.loop.ports import (
     Model,
     Price,
     RateLimiter,
+    RefundableLimiter,
     SpendLedger,
     StateStore,
     ToolCaller,
@@ -95,6 +96,8 @@ class Loop(Completion):
         "redone",
         "store",
         "stream_settings",
+        "tenant_budget",
+        "tenant_limiter",
         "tools",
     )
 
@@ -115,7 +118,14 @@ class Loop(Completion):
         announced: frozenset[str] = frozenset(DEFAULT_EVENTS),
         stream_settings: StreamSettings = DEFAULT_STREAM,
         redone: bool = False,
+        tenant_budget: Callable[[str], Budget] | None = None,
+        tenant_limiter: Callable[[str], RefundableLimiter | None] | None = None,
     ) -> None:
+        self.tenant_budget = tenant_budget
+        """A tenant's daily budget (tenancy on; none: tenants have none)."""
+        self.tenant_limiter = tenant_limiter
+        """A tenant's own model rate limits (tenancy on; none: no tenant has any, and
+        nothing is asked)."""
         self.announced = announced
         self.stream_settings = stream_settings
         """How a streamed answer's deltas are coalesced."""
@@ -217,20 +227,21 @@ class Loop(Completion):
     async def _ask_model(self, state: AgentState, agent: AgentSpec) -> Phase:
         """``before_step``, the budgets, the messages, the rate limits, then the model call."""
         ex = turn_of(state)
-        index = len(ex.steps)
+        index = ex.step_count
         ctx = HookContext(state=state, agent=agent, step=index)
         await self.hooks.before_step(ctx)
         if ctx.stop_signal is not None:
             stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self.end(stopped, agent, "stop", ex.last_content)
         started = self.clock()
-        if ex.budget_spent is None and configured(agent, ex):
+        budgeted = configured(agent, ex) or self._tenant_budget() is not None
+        if ex.budget_spent is None and budgeted:
             checked = await self._check_budgets(state, agent, index)
             if isinstance(checked, Finished):
                 return checked
             state = checked
             ex = turn_of(state)
-        messages = await compile_messages(self.store, self.hooks, state, agent, ctx)
+        messages, taken = await compile_messages(self.store, self.hooks, state, agent, ctx)
         if ctx.stop_signal is not None:  # e.g. a guard judged the input: no model call
             stopped = with_execution(state, stop_signal=ctx.stop_signal)
             return await self.end(stopped, agent, "stop", ex.last_content)
@@ -251,10 +262,9 @@ class Loop(Completion):
         held = stream if stream is not None and rewrites_answer(self.hooks) else None
         live = None if held is not None else stream
         request = model_request(state, agent, messages, offered, self.clock(), live)
-        if self.limiter is not None:
-            wait = await self.limiter.admit(messages, request.max_tokens)
+        if self.limiter is not None or self.tenant_limiter is not None:
+            wait = await self._rate_limited(ex.request.agent, messages, request.max_tokens)
             if wait > 0:
-                observe(self.observer.throttled, ex.request.agent, "rate_limit")
                 return await self._throttle(state, wait)
         if "model.requested" in self.announced:
             await self._emit(
@@ -280,6 +290,7 @@ class Loop(Completion):
             raw_tokens=fitted.raw_tokens if fitted is not None else None,
             summarized=fitted.summarized if fitted is not None else False,
             held=held,
+            taken=taken,
         )
 
     def _streams(self, agent: AgentSpec, state: AgentState) -> bool:
@@ -338,7 +349,7 @@ class Loop(Completion):
         result = turn_result(state, reason, content, error, now, output)
         try:
             await self.hooks.after_execution(
-                HookContext(state=state, agent=agent, step=len(ex.steps)), result
+                HookContext(state=state, agent=agent, step=ex.step_count), result
             )
         except Exception:
             if reason != "error":
@@ -350,9 +361,14 @@ class Loop(Completion):
         if step is not None:  # its events can be announced again with the end
             ended = ended_step(ex.turn_id, step, invoked)
             final = final.model_copy(update={"ended_step": ended})
-        saved = await self.store.save(final, append=append if persist else (), result=result)
+        saved = await self.store.save(
+            final, append=append if persist else (), result=result, step=step
+        )
         if self.ledger is not None and not agent.daily_budget.empty:
             await self.ledger.add_spent(ex.request.agent, own_spend(ex, now))
+        tenant = self._tenant_budget()
+        if self.ledger is not None and tenant is not None:
+            await self.ledger.add_spent(tenant_ledger_name(tenant[0]), own_spend(ex, now))
         observe(self.observer.turn_finished, result)
         if step is not None:
             await self._emit_step(state, step, invoked=invoked)

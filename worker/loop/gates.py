@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from contracts import tenancy
 from contracts.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -22,14 +23,24 @@ from contracts.events import (
 )
 from contracts.messages import ChatMessage
 from contracts.state import AgentState, StepExecution, StopSignal, ToolExecution, Wait
-from contracts.turns import FinishReason, TurnError
+from contracts.tools import ToolDefinition
+from contracts.turns import Budget, FinishReason, TurnError
 from worker.loop.announce import Subject, announce, publish, step_events
 from worker.loop.approvals import parked
-from worker.loop.budgets import first_spent
+from worker.loop.budgets import first_spent, tenant_ledger_name
 from worker.loop.hooks import Hook, HookContext, ToolInvocation, asks_approval
 from worker.loop.outcomes import Finished, RunAgain, StepOutcome, Waiting
 from worker.loop.output import REPAIR_NOTE, parsed
-from worker.loop.ports import EventSink, LoopObserver, SpendLedger, StateStore, observe
+from worker.loop.ports import (
+    EventSink,
+    LoopObserver,
+    RateLimiter,
+    RefundableLimiter,
+    SpendLedger,
+    StateStore,
+    ToolCatalog,
+    observe,
+)
 from worker.loop.spec import AgentSpec
 from worker.loop.tools import ToolRunner
 from worker.loop.turn import turn_of, with_appended, with_execution
@@ -45,9 +56,22 @@ class Gates:
     events: EventSink
     hooks: Hook
     ledger: SpendLedger | None
+    limiter: RateLimiter | None
+    tenant_budget: Callable[[str], Budget] | None
+    tenant_limiter: Callable[[str], RefundableLimiter | None] | None
+
+    def _tenant_budget(self) -> tuple[str, Budget] | None:
+        """The current tenant and its daily budget, when it has one."""
+        tenant = tenancy.current()
+        if tenant is None or self.tenant_budget is None:
+            return None
+        budget = self.tenant_budget(tenant)
+        return None if budget.empty else (tenant, budget)
+
     observer: LoopObserver
     store: StateStore
     tools: ToolRunner
+    catalog: ToolCatalog
 
     async def end(
         self,
@@ -105,16 +129,20 @@ class Gates:
         return state
 
     async def _hook_asks(self, state: AgentState, agent: AgentSpec) -> frozenset[str]:
-        """The calls of the pending step a hook wants approved. Once parked, the wait keeps
-        them: the hooks are not asked again."""
+        """The calls of the pending step a hook wants approved, or whose tool's definition asks
+        for approval (``ToolDefinition.approval``, e.g. an MCP bridge's configuration). Once
+        parked, the wait keeps them: neither is asked again."""
         ex = turn_of(state)
         if ex.wait is not None and ex.wait.kind == "approval":
             return frozenset(ex.wait.call_ids)
-        if not asks_approval(self.hooks) or ex.pending is None or ex.pending.response is None:
+        if ex.pending is None or ex.pending.response is None:
             return frozenset()
+        calls = ex.pending.response.message.tool_calls
+        asked = {c.id for c in calls if _tool_asks_approval(self.catalog.last_known(c.name))}
+        if not asks_approval(self.hooks):
+            return frozenset(asked)
         ctx = HookContext(state=state, agent=agent, step=ex.pending.index)
-        asked = set()
-        for call in ex.pending.response.message.tool_calls:
+        for call in calls:
             try:
                 arguments = json.loads(call.arguments or "{}")
             except ValueError:
@@ -190,6 +218,35 @@ class Gates:
         )
         return Waiting(state, waiting.until)
 
+    async def _rate_limited(
+        self, agent: str, messages: Sequence[ChatMessage], max_tokens: int | None
+    ) -> float:
+        """The seconds this model call must wait (0: it goes now, charged) under its tenant's
+        own rate limits and the endpoint's. The tenant's are asked first; refused, the
+        endpoint's are not asked at all (a refused ask charges nothing, so the turn waits for
+        its tenant's slot, then asks both again). Admitted, the endpoint's are asked, and when
+        they refuse, the tenant's charge is given back: neither limit is ever charged for a
+        call the other held back, so a tenant over its limit takes nothing of the endpoint's,
+        and a busy endpoint costs a tenant nothing of its own. Over both, the turn waits for
+        the one refusing first, then the other: at least the longer of the two."""
+        own = None
+        if self.tenant_limiter is not None:
+            tenant = tenancy.current()
+            own = self.tenant_limiter(tenant) if tenant is not None else None
+        if own is not None:
+            wait = await own.admit(messages, max_tokens)
+            if wait > 0:
+                observe(self.observer.throttled, agent, "tenant_rate_limit")
+                return wait
+        if self.limiter is not None:
+            wait = await self.limiter.admit(messages, max_tokens)
+            if wait > 0:
+                if own is not None:
+                    await own.refund(messages, max_tokens)
+                observe(self.observer.throttled, agent, "rate_limit")
+                return wait
+        return 0.0
+
     async def _check_budgets(
         self, state: AgentState, agent: AgentSpec, index: int
     ) -> AgentState | Finished:
@@ -199,7 +256,12 @@ class Gates:
         today = None
         if self.ledger is not None and not agent.daily_budget.empty:
             today = await self.ledger.spent_today(ex.request.agent)
-        spent = first_spent(state, agent, self.clock(), today)
+        tenant = self._tenant_budget()
+        tenant_today = None
+        if tenant is not None and self.ledger is not None:
+            spent_today = await self.ledger.spent_today(tenant_ledger_name(tenant[0]))
+            tenant_today = (tenant[1], spent_today)
+        spent = first_spent(state, agent, self.clock(), today, tenant_today)
         if spent is None:
             return state
         observe(self.observer.budget_exhausted, ex.request.agent, spent.name)
@@ -236,10 +298,10 @@ class Gates:
                 state, agent, reason, content, step=record, invoked=unsaved, output=value
             )
         repairs_left = ex.output_repairs < agent.max_output_repairs
-        if repairs_left and reason != "budget" and len(ex.steps) < ex.limits.max_tool_iterations:
+        if repairs_left and reason != "budget" and ex.step_count < ex.limits.max_tool_iterations:
             note = ChatMessage(role="user", content=REPAIR_NOTE.format(error=error))
             state = with_execution(state, output_repairs=ex.output_repairs + 1)
-            state = await self._save(state, append=[note], release=True)
+            state = await self._save(state, append=[note], release=True, step=record)
             await self._emit_step(state, record, invoked=unsaved)
             return RunAgain(state)
         failure = TurnError(code="invalid_output", message=f"invalid structured output: {error}")
@@ -248,11 +310,17 @@ class Gates:
         )
 
     async def _save(
-        self, state: AgentState, *, append: Sequence[ChatMessage] = (), release: bool = False
+        self,
+        state: AgentState,
+        *,
+        append: Sequence[ChatMessage] = (),
+        release: bool = False,
+        step: StepExecution | None = None,
     ) -> AgentState:
-        """Save mid-turn; ``release`` on the step's last write."""
+        """Save mid-turn; ``release`` on the step's last write; ``step``: the record of the
+        step this save completes (counted in ``state`` already, ``with_step``)."""
         counted = with_appended(state, len(append), self.clock())
-        return await self.store.save(counted, append=append, release=release)
+        return await self.store.save(counted, append=append, release=release, step=step)
 
     async def _emit_step(
         self, state: AgentState, record: StepExecution, *, invoked: Sequence[ToolExecution] = ()
@@ -288,3 +356,7 @@ class Gates:
             call_id=call_id,
             id_suffix=id_suffix,
         )
+
+
+def _tool_asks_approval(definition: ToolDefinition | None) -> bool:
+    return definition is not None and definition.approval

@@ -65,6 +65,8 @@ class ModelCall:
     held: StepStream | None = None
     """A streamed answer held back (a hook may change it): its text goes out as one delta
     once ``after_model`` ran."""
+    taken: frozenset[str] = frozenset()
+    """The ids of the turn's earlier tool calls (``unique_call_ids``)."""
 
 
 Phase = RunAgain | Finished | ModelCall | Waiting

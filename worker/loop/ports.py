@@ -9,7 +9,7 @@ from typing import Any, Final, Literal, ParamSpec, Protocol
 
 from contracts.events import Event
 from contracts.messages import ChatMessage, Usage
-from contracts.state import AgentState, ModelResponse, Spend
+from contracts.state import AgentState, ModelResponse, Spend, StepExecution
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
 from contracts.turns import TurnResult
 
@@ -129,6 +129,11 @@ class StateStore(Protocol):
         (a ``worker.loop.transcript.StoredMessages`` spares building every message object)."""
         ...
 
+    async def load_steps(self, state: AgentState) -> Sequence[StepExecution]:
+        """The records of the turn's completed steps, as stored (``StepExecution.stored``):
+        read only where a step needs earlier steps' records (a workflow's next round)."""
+        ...
+
     async def save(
         self,
         state: AgentState,
@@ -136,8 +141,13 @@ class StateStore(Protocol):
         append: Sequence[ChatMessage] = (),
         result: TurnResult | None = None,
         release: bool = False,
+        step: StepExecution | None = None,
     ) -> AgentState:
         """Write ``state`` if nobody wrote since it was loaded; append this turn's new messages.
+
+        ``step``: the record of the step this save completes, appended once to the turn's
+        step list in the same atomic write (the state counts it: a redone save is refused as
+        stale, so a record is never appended twice).
 
         ``release``: the step's last write (nothing more is written until the next step), so
         the store may let go of what it holds for the step, e.g. a lease; so does a save with a
@@ -186,7 +196,8 @@ class LoopObserver:
         """A budget (``<scope>.<limit>``) was found spent before a model call."""
 
     def throttled(self, agent: str, reason: str) -> None:
-        """A step parked its turn for a rate limit (``rate_limit``, or the model's ``429``)."""
+        """A step parked its turn for a rate limit (``rate_limit``: the endpoint's,
+        ``tenant_rate_limit``: its tenant's own, or the model's ``429``)."""
 
     def children_started(self, agent: str, count: int) -> None:
         """A step of ``agent``'s turn started ``count`` child turns and parked."""
@@ -225,4 +236,12 @@ class RateLimiter(Protocol):
 
     async def admit(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> float:
         """0 when the call may go now, else the seconds until its slot."""
+        ...
+
+
+class RefundableLimiter(RateLimiter, Protocol):
+    """A ``RateLimiter`` that can give back what it charged (a tenant's own rate limits)."""
+
+    async def refund(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> None:
+        """Give back what ``admit`` charged for a call that was not made after all."""
         ...

@@ -12,24 +12,28 @@ from worker.loop.hooks import Hook, HookContext, rewrites_messages
 from worker.loop.output import response_format, schema_of
 from worker.loop.ports import ModelRequest, StateStore, TextStream
 from worker.loop.spec import AgentSpec
-from worker.loop.transcript import Transcript
+from worker.loop.transcript import Transcript, call_ids
 
 
 async def compile_messages(
     store: StateStore, hooks: Hook, state: AgentState, agent: AgentSpec, ctx: HookContext
-) -> Sequence[ChatMessage]:
-    """The system prompt and the conversation so far, as the hooks prepare them. The prompt is
-    the turn's agent's, as its profile says now: a session keeps the conversation, not a copy
-    of a prompt (``SessionContext.system_prompt``, which earlier releases copied into a new
-    session, is not read)."""
+) -> tuple[Sequence[ChatMessage], frozenset[str]]:
+    """The system prompt and the conversation so far, as the hooks prepare them, and the ids
+    of the tool calls the turn asked for so far (read from its messages: the state keeps no
+    list of them, which would grow with every step). The prompt is the turn's agent's, as its
+    profile says now: a session keeps the conversation, not a copy of a prompt
+    (``SessionContext.system_prompt``, which earlier releases copied into a new session, is not
+    read)."""
     history = await store.load_messages(state)
+    ex = state.execution
+    taken = call_ids(history, ex.history_start) if ex is not None else frozenset()
     prompt = agent.system_prompt
     messages: Sequence[ChatMessage] = Transcript(
         ChatMessage.system(prompt) if prompt else None, history
     )
     if rewrites_messages(hooks):
         messages = await hooks.prepare_messages(ctx, list(messages))
-    return messages
+    return messages, taken
 
 
 def model_request(

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
+from contracts import tenancy
 from contracts.events import EventData, EventType, ToolInvoking
 from contracts.messages import ToolCall
 from contracts.state import (
@@ -260,6 +261,7 @@ class ToolRunner:
                 deadline=started + timeout,
                 idempotency_key=idempotency_key(ex.turn_id, call.call_id),
                 state=shared_state(ctx.state, ex),
+                tenant=tenancy.current(),
             ),
         )
         try:

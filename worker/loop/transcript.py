@@ -61,6 +61,22 @@ def stored_to_wire(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def call_ids(history: Sequence[ChatMessage], start: int) -> frozenset[str]:
+    """The ids of the tool calls the assistant messages of ``history[start:]`` asked for (the
+    turn's calls so far, when ``start`` is where the turn began), read as the store decoded
+    them."""
+    if isinstance(history, StoredMessages):
+        return frozenset(
+            call["id"]
+            for m in history.raw[start:]
+            if m.get("role") == "assistant"
+            for call in m.get("tool_calls") or ()
+        )
+    return frozenset(
+        call.id for m in history[start:] if m.role == "assistant" for call in m.tool_calls
+    )
+
+
 class _Lazy(Sequence[ChatMessage]):
     """A message sequence that builds its ``ChatMessage`` objects on first read."""
 

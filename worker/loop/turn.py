@@ -4,7 +4,7 @@ result of a finished one, and the session once it is over."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from contracts.messages import ChatMessage
@@ -14,8 +14,10 @@ from contracts.state import (
     ExecutionState,
     ModelResponse,
     PendingStep,
+    StepExecution,
     StopSignal,
     ToolExecution,
+    counted_model,
 )
 from contracts.turns import FinishReason, TurnError, TurnRequest, TurnResult
 from worker.loop.budgets import turn_spend
@@ -67,15 +69,13 @@ def turn_result(
         stopped_by=stop.source if stop else None,
         usage=ex.usage,
         cost_usd=ex.cost_usd,
-        steps=len(ex.steps),
+        steps=ex.step_count,
         duration_s=max(0.0, now - ex.started_at),
         completed_at=now,
         output=output,
         parent=ex.request.parent,
         prompt_version=ex.prompt_version,
-        models=tuple(
-            r.step.response.model for r in ex.steps if r.step.response and r.step.response.model
-        ),
+        models=tuple(run.model for run in ex.models for _ in range(run.steps)),
     )
 
 
@@ -109,6 +109,22 @@ def turn_of(state: AgentState) -> ExecutionState:
 def with_execution(state: AgentState, **changes: Any) -> AgentState:
     ex = turn_of(state).model_copy(update=changes)
     return state.model_copy(update={"execution": ex})
+
+
+def with_step(state: AgentState, record: StepExecution, **changes: Any) -> AgentState:
+    """The state with ``record``'s step completed (counted: the record itself goes to the
+    turn's step list with the save that passes it as ``step``), and ``changes``."""
+    ex = turn_of(state)
+    source = record.step.continued_by
+    if source is not None and source not in ex.continued_by:
+        changes["continued_by"] = (*ex.continued_by, source)
+    return with_execution(
+        state,
+        step_count=ex.step_count + 1,
+        tool_calls=ex.tool_calls + len(record.step.tool_executions),
+        models=tuple(counted_model(ex.models, record)),
+        **changes,
+    )
 
 
 def with_appended(state: AgentState, appended: int, now: float) -> AgentState:
@@ -167,14 +183,15 @@ def recorded_step(
     return step, tool_messages
 
 
-def unique_call_ids(response: ModelResponse, ex: ExecutionState, step: int) -> ModelResponse:
+def unique_call_ids(response: ModelResponse, taken: Iterable[str], step: int) -> ModelResponse:
     """Tool call ids unique within the turn. The id is part of the call's idempotency key, so a
     server that reuses ids (``call_0`` in every step) would otherwise get an earlier call's
-    stored reply; a reused or repeated id is suffixed with the step and position."""
+    stored reply; a reused or repeated id (``taken``: the ids of the turn's earlier calls) is
+    suffixed with the step and position."""
     calls = response.message.tool_calls
     if not calls:
         return response
-    seen = {e.call_id for record in ex.steps for e in record.step.tool_executions}
+    seen = set(taken)
     fixed = []
     for position, call in enumerate(calls):
         call_id = call.id

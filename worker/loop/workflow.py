@@ -38,7 +38,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import Field, model_validator
 
 from contracts.base import AgentName, Contract
-from contracts.state import ExecutionState, ToolExecution
+from contracts.state import ExecutionState, StepExecution, ToolExecution
 
 WorkflowKind = Literal["sequential", "parallel", "conditional", "loop"]
 _PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_-]+)(?:\.([A-Za-z0-9_-]+))?\}")
@@ -205,9 +205,9 @@ def answer_of(execution: ToolExecution) -> Answer:
     )
 
 
-def rounds_of(ex: ExecutionState) -> list[dict[str, Answer]]:
-    """The answers of each round the turn completed, by call id."""
-    return [{e.call_id: answer_of(e) for e in record.step.tool_executions} for record in ex.steps]
+def rounds_of(records: Sequence[StepExecution]) -> list[dict[str, Answer]]:
+    """The answers of each round the turn completed (its step records), by call id."""
+    return [{e.call_id: answer_of(e) for e in record.step.tool_executions} for record in records]
 
 
 def input_text(ex: ExecutionState) -> str:

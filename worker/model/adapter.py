@@ -192,7 +192,8 @@ class OpenAIModel:
             ) as exc:
                 # (a transport error: a stream that broke off while it was being read)
                 raise ModelError(
-                    f"model endpoint unreachable: {_short(str(exc))}", code="model_unavailable"
+                    f"model endpoint unreachable: {_short(unreachable(exc))}",
+                    code="model_unavailable",
                 ) from exc
             except (ValueError, TypeError) as exc:  # json, shape, and pydantic validation errors
                 log.warning(
@@ -222,6 +223,25 @@ class OpenAIModel:
             await stream.text(answer.message.content or "")
             await stream.end()
         return answer
+
+
+def unreachable(exc: BaseException) -> str:
+    """Why the endpoint was not reached. The aiohttp transport reports every connection that
+    could not be made as ``ConnectTimeout``, which the ``openai`` client words "Request timed
+    out."; the error the system gave underneath says what happened (a refused connection, a
+    name that does not resolve), with the transport's message naming the address."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and all(cause is not seen for seen in chain):
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    transport = chain[1] if len(chain) > 1 else exc
+    if any(isinstance(cause, ConnectionRefusedError) for cause in chain):
+        return f"connection refused ({transport})"
+    system = [c for c in chain if isinstance(c, OSError) and not isinstance(c, TimeoutError)]
+    if system:  # the deepest: the system's own words
+        return f"cannot connect: {system[-1].strerror or system[-1]} ({transport})"
+    return str(exc)
 
 
 def _short(text: str, limit: int = 500) -> str:

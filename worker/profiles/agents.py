@@ -9,15 +9,18 @@ contract's bounds.
 The file is checked as a whole when it loads, and a mistake is refused with a message naming
 it: an agent calling an agent that does not exist, a workflow naming one, workflows that
 contain each other, a condition on a field that the node's output schema does not have.
+
+``mcp`` marks an agent or workflow that ``loopwire mcp serve`` offers as an MCP tool
+(``worker.cli.mcp``); the workers themselves ignore it.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from contracts.base import Contract
 from contracts.turns import NO_BUDGET, Budget
@@ -26,6 +29,26 @@ from worker.loop.spec import AgentSpec
 from worker.loop.workflow import Node, Workflow
 from worker.redaction import REDACT
 from worker.redaction.config import RedactionConfig
+
+
+class McpExposure(Contract):
+    """How ``loopwire mcp serve`` offers an agent or workflow as an MCP tool (``"mcp": true``
+    is ``"mcp": {}``)."""
+
+    description: str | None = Field(
+        default=None,
+        max_length=8000,
+        description="What the MCP client is told of the tool; default: the agent's description.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flag(cls, value: Any) -> Any:
+        return {} if value is True else value
+
+
+def _exposure(value: Any) -> Any:
+    return None if value is False else value
 
 
 class AgentProfile(AgentSpec):
@@ -45,6 +68,10 @@ class AgentProfile(AgentSpec):
     redaction: RedactionConfig = Field(
         default_factory=RedactionConfig,
         description="Configuration of the 'redact' hook set (worker.redaction).",
+    )
+    mcp: Annotated[McpExposure | None, BeforeValidator(_exposure)] = Field(
+        default=None,
+        description="Offer the agent as an MCP tool through 'loopwire mcp serve' (docs/mcp.md).",
     )
 
     def model_post_init(self, context: Any, /) -> None:
@@ -84,6 +111,10 @@ class WorkflowProfile(Workflow):
         le=7 * 24 * 3600,
         description="A node that has not answered this long ends as an error, and is cancelled.",
     )
+    mcp: Annotated[McpExposure | None, BeforeValidator(_exposure)] = Field(
+        default=None,
+        description="Offer the workflow as an MCP tool through 'loopwire mcp serve' (docs/mcp.md).",
+    )
 
 
 class AgentProfiles(Contract):
@@ -93,6 +124,14 @@ class AgentProfiles(Contract):
     @model_validator(mode="after")
     def _composed(self) -> AgentProfiles:
         """Checks what the agents and workflows name, and adds a profile for each workflow."""
+        for kind, names in (
+            ("agents", [a.name for a in self.agents]),
+            ("workflows", [w.name for w in self.workflows]),
+        ):
+            for name in sorted({n for n in names if names.count(n) > 1}):
+                raise ValueError(
+                    f"{names.count(name)} {kind} are named {name!r}; names must be unique"
+                )
         agents = {a.name: a for a in self.agents}
         flows = {w.name: w for w in self.workflows}
         for name in agents.keys() & flows.keys():
@@ -122,8 +161,9 @@ class AgentProfiles(Contract):
                     tools=(),
                     budget=flow.budget,
                     children_timeout_s=flow.children_timeout_s,
+                    mcp=flow.mcp,
                     workflow=Workflow.model_validate(
-                        flow.model_dump(exclude={"budget", "children_timeout_s"})
+                        flow.model_dump(exclude={"budget", "children_timeout_s", "mcp"})
                     ),
                 )
             )

@@ -33,21 +33,16 @@ def check_file(
     path: Path, providers: Iterable[str], redaction: Redaction | None = None
 ) -> tuple[AgentProfiles, HookSets]:
     """The file's profiles and hook sets, or ``ProfileError`` naming every problem found."""
-    from worker.model.providers import check_providers  # the model package imports this one
+    from worker.profiles.checking import problems
 
+    found = problems(path, providers, redaction)
+    if found:
+        raise ProfileError(f"agents file {path}:\n  - " + "\n  - ".join(found))
     try:
         profiles = AgentProfiles.load(path)
-    except (OSError, ValueError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
+        return profiles, HookSets(profiles, redaction)
+    except (OSError, ValueError) as exc:  # changed since it was checked
         raise ProfileError(f"agents file {path}: {exc}") from None
-    problems = check_providers(profiles.agents, providers)
-    try:
-        hook_sets = HookSets(profiles, redaction)
-    except ProfileError as exc:
-        problems.append(str(exc))
-        hook_sets = None
-    if problems or hook_sets is None:
-        raise ProfileError(f"agents file {path}:\n  - " + "\n  - ".join(problems))
-    return profiles, hook_sets
 
 
 class ProfileSource:

@@ -30,6 +30,14 @@ Decisions:
   ``sum(rate(loopwire_turn_duration_seconds_sum[5m]))`` (Little's law: the
   mean number of turns open over the window) next to the steps in hand and
   the depth of ``loopwire.turns`` (RabbitMQ's own metric).
+- A ``tenant`` label only when asked for (``LOOPWIRE_TENANTS__METRICS_LABEL`` with tenancy
+  on): then the turn-level series (``TENANT_LABELLED``) carry the tenant the work is done for
+  (``contracts.tenancy``), each of the first ``LOOPWIRE_TENANTS__METRICS_MAX_TENANTS``
+  distinct tenants this process sees under its own name and the rest as ``other``
+  (``TenantLabel``), so the series stay bounded however many tenants there are; work whose
+  tenant was refused (``tenant_mismatch``) is ``_unknown``. Off, the series have exactly the
+  labels they always had, and the choice is made once, at construction: nothing is asked of
+  the tenancy on the way.
 - Counted when it happened in this process. A step redone after a crash or a
   lost lease race may count its model call, tool calls and hints again (they
   did run again, except what was saved); turns are counted started and
@@ -50,8 +58,16 @@ from contracts.runtime.metrics import TOOL_BUCKETS, build_info, package_version
 from contracts.turns import TurnResult
 from worker.loop.ports import EventSink, LoopObserver, ToolCallOutcome
 from worker.loop.spec import AgentSpec
+from worker.runtime.tenant_label import TenantLabel
 
-__all__ = ["CountingSink", "WorkerMetrics", "build_info", "package_version", "sample_names"]
+__all__ = [
+    "CountingSink",
+    "TenantLabel",
+    "WorkerMetrics",
+    "build_info",
+    "package_version",
+    "sample_names",
+]
 
 OPERATION_CHAT: Final = "chat"
 """``gen_ai.operation.name`` of a chat-completions call."""
@@ -74,41 +90,66 @@ STORE_OPERATIONS: Final = (
 )  # fmt: skip
 
 
-class WorkerMetrics(LoopObserver):
-    """Every metric a worker exports; the loop's observer and the transport's counters."""
+TENANT_LABELLED: Final = (
+    "turns_started", "turns_finished", "turn_duration", "turn_steps", "step_duration",
+    "model_tokens", "tool_duration", "hints", "caps", "budgets", "children", "cancellations",
+    "throttles", "dead_lettered", "dropped", "session_reads",
+)  # fmt: skip
+"""The metrics (``WorkerMetrics`` attributes) that carry a ``tenant`` label when asked to."""
 
-    def __init__(self, registry: CollectorRegistry, *, default_model: str = "") -> None:
+
+class WorkerMetrics(LoopObserver):
+    """Every metric a worker exports; the loop's observer and the transport's counters.
+
+    ``tenants``: label the turn-level series (``TENANT_LABELLED``) with the tenant, capped as
+    it says; ``None`` (tenancy off, or the label not asked for): no ``tenant`` label at all."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        default_model: str = "",
+        tenants: TenantLabel | None = None,
+    ) -> None:
         self.registry = registry
         self.default_model = default_model
+        self.tenants = tenants
+        self.scoped = self.child if tenants is None else self._tenant_child
+        """``child`` for the metrics in ``TENANT_LABELLED``: the tenant's value appended, when
+        labelled (decided here, so that an unlabelled observation costs what it always did)."""
         r = registry
+        tenant = ["tenant"] if tenants is not None else []
         self.turns_started = Counter(
-            "loopwire_turns_started", "Turns whose first step ran.", ["agent"], registry=r
+            "loopwire_turns_started",
+            "Turns whose first step ran.",
+            ["agent", *tenant],
+            registry=r,
         )
         self.turns_finished = Counter(
             "loopwire_turns_finished",
             "Turns finished, by finish reason (stop, length, max_iterations, error, cancelled, "
             "budget).",
-            ["agent", "finish_reason"],
+            ["agent", "finish_reason", *tenant],
             registry=r,
         )
         self.turn_duration = Histogram(
             "loopwire_turn_duration_seconds",
             "Time from a turn's start to its result.",
-            ["agent", "finish_reason"],
+            ["agent", "finish_reason", *tenant],
             buckets=TURN_BUCKETS,
             registry=r,
         )
         self.turn_steps = Histogram(
             "loopwire_turn_steps",
             "Steps (model calls) per finished turn.",
-            ["agent"],
+            ["agent", *tenant],
             buckets=STEPS_PER_TURN_BUCKETS,
             registry=r,
         )
         self.step_duration = Histogram(
             "loopwire_step_duration_seconds",
             "One step: from the model call to the last tool result.",
-            ["agent"],
+            ["agent", *tenant],
             buckets=STEP_BUCKETS,
             registry=r,
         )
@@ -132,6 +173,7 @@ class WorkerMetrics(LoopObserver):
                 "gen_ai_request_model",
                 "server_address",
                 "gen_ai_token_type",
+                *tenant,
             ],
             buckets=TOKEN_BUCKETS,
             registry=r,
@@ -146,7 +188,7 @@ class WorkerMetrics(LoopObserver):
             "loopwire_tool_call_duration_seconds",
             "Tool calls seen from the worker, by tool and outcome "
             "(ok, error, timeout, unavailable, blocked, unknown).",
-            ["tool", "outcome"],
+            ["tool", "outcome", *tenant],
             buckets=TOOL_BUCKETS,
             registry=r,
         )
@@ -159,19 +201,19 @@ class WorkerMetrics(LoopObserver):
         self.hints = Counter(
             "loopwire_empty_streak_hints",
             "Empty-streak hints appended to tool results.",
-            ["agent"],
+            ["agent", *tenant],
             registry=r,
         )
         self.caps = Counter(
             "loopwire_iteration_caps",
             "Turns ended by the iteration cap (max_tool_iterations).",
-            ["agent"],
+            ["agent", *tenant],
             registry=r,
         )
         self.budgets = Counter(
             "loopwire_budget_exhausted",
             "Budgets found spent before a model call, by budget (<scope>.<limit>).",
-            ["agent", "budget"],
+            ["agent", "budget", *tenant],
             registry=r,
         )
         self.agents = Gauge(
@@ -195,32 +237,39 @@ class WorkerMetrics(LoopObserver):
         self.children = Counter(
             "loopwire_child_turns_started",
             "Child turns started (sub-agent calls, workflow nodes), by the parent's agent.",
-            ["agent"],
+            ["agent", *tenant],
             registry=r,
         )
         self.cancellations = Counter(
             "loopwire_turns_cancelled",
             "Turns ended as cancelled, by reason: cancel (a turn.cancel), deadline.",
-            ["agent", "reason"],
+            ["agent", "reason", *tenant],
             registry=r,
         )
         self.throttles = Counter(
             "loopwire_steps_throttled",
             "Steps that parked their turn for the model's rate limits (reason: rate_limit, "
-            "or 429 from the model).",
-            ["agent", "reason"],
+            "tenant_rate_limit, or 429 from the model) or in their tenant's line (tenant).",
+            ["agent", "reason", *tenant],
             registry=r,
         )
         self.dead_lettered = Counter(
             "loopwire_dead_lettered",
             "Work messages sent to the dead-letter queue, by reason code.",
-            ["reason"],
+            ["reason", *tenant],
             registry=r,
         )
         self.dropped = Counter(
             "loopwire_work_dropped",
             "Duplicate or stale work messages acked without doing anything, by reason.",
-            ["reason"],
+            ["reason", *tenant],
+            registry=r,
+        )
+        self.session_reads = Counter(
+            "loopwire_session_reads",
+            "Session reads answered, by op and result (ok, not_found, bad_request, "
+            "tenant_mismatch).",
+            ["op", "result", *tenant],
             registry=r,
         )
         self.steps_abandoned = Counter(
@@ -273,25 +322,33 @@ class WorkerMetrics(LoopObserver):
             found = self._children[key] = metric.labels(*values)
         return found
 
+    def _tenant_child(self, metric: Any, *values: str) -> Any:
+        assert self.tenants is not None
+        return self.child(metric, *values, self.tenants())
+
+    def dead_letter(self, reason: str) -> None:
+        """One work message dead-lettered with ``reason`` (its code)."""
+        self.scoped(self.dead_lettered, reason).inc()
+
     def _model(self, model: str | None) -> str:
         return model or self.default_model
 
     # -- LoopObserver ----------------------------------------------------------------------
 
     def turn_started(self, agent: str) -> None:
-        self.child(self.turns_started, agent).inc()
+        self.scoped(self.turns_started, agent).inc()
 
     def turn_finished(self, result: TurnResult) -> None:
         reason = result.finish_reason
-        self.child(self.turns_finished, result.agent, reason).inc()
-        self.child(self.turn_duration, result.agent, reason).observe(result.duration_s)
-        self.child(self.turn_steps, result.agent).observe(result.steps)
+        self.scoped(self.turns_finished, result.agent, reason).inc()
+        self.scoped(self.turn_duration, result.agent, reason).observe(result.duration_s)
+        self.scoped(self.turn_steps, result.agent).observe(result.steps)
         if reason == "cancelled":
             why = "deadline" if result.stopped_by == "deadline" else "cancel"
-            self.child(self.cancellations, result.agent, why).inc()
+            self.scoped(self.cancellations, result.agent, why).inc()
 
     def step_completed(self, agent: str, duration_s: float) -> None:
-        self.child(self.step_duration, agent).observe(max(0.0, duration_s))
+        self.scoped(self.step_duration, agent).observe(max(0.0, duration_s))
 
     def model_called(
         self, model: str | None, usage: Usage, duration_s: float, provider: str = "default"
@@ -300,10 +357,10 @@ class WorkerMetrics(LoopObserver):
         self.child(self.model_duration, OPERATION_CHAT, name, provider, "").observe(
             max(0.0, duration_s)
         )
-        self.child(self.model_tokens, OPERATION_CHAT, name, provider, "input").observe(
+        self.scoped(self.model_tokens, OPERATION_CHAT, name, provider, "input").observe(
             usage.prompt_tokens
         )
-        self.child(self.model_tokens, OPERATION_CHAT, name, provider, "output").observe(
+        self.scoped(self.model_tokens, OPERATION_CHAT, name, provider, "output").observe(
             usage.completion_tokens
         )
 
@@ -317,19 +374,19 @@ class WorkerMetrics(LoopObserver):
         self.child(self.model_errors, name, provider, error_type).inc()
 
     def tool_executed(self, tool: str, outcome: ToolCallOutcome, duration_s: float) -> None:
-        self.child(self.tool_duration, tool, outcome).observe(max(0.0, duration_s))
+        self.scoped(self.tool_duration, tool, outcome).observe(max(0.0, duration_s))
 
     def empty_streak_hints(self, agent: str, count: int) -> None:
-        self.child(self.hints, agent).inc(count)
+        self.scoped(self.hints, agent).inc(count)
 
     def iteration_cap_hit(self, agent: str) -> None:
-        self.child(self.caps, agent).inc()
+        self.scoped(self.caps, agent).inc()
 
     def throttled(self, agent: str, reason: str) -> None:
-        self.child(self.throttles, agent, reason).inc()
+        self.scoped(self.throttles, agent, reason).inc()
 
     def budget_exhausted(self, agent: str, budget: str) -> None:
-        self.child(self.budgets, agent, budget).inc()
+        self.scoped(self.budgets, agent, budget).inc()
 
     def agents_loaded(self, agents: Iterable[AgentSpec], default_model: str) -> None:
         """What ``loopwire_agent_info`` says: the agents loaded now (the ones before are gone)."""
@@ -338,14 +395,16 @@ class WorkerMetrics(LoopObserver):
             head = agent.route[0]
             model = head.model or (default_model if head.provider == "default" else "")
             self.agents.labels(agent.name, agent.prompt_version or "", head.provider, model).set(1)
-            self.child(self.hints, agent.name)  # at 0: the agent's guard series exist
-            self.child(self.caps, agent.name)
+            if self.tenants is None:  # at 0: the agent's guard series exist (labelled by
+                # tenant, they begin with the tenant's first hint or cap)
+                self.child(self.hints, agent.name)
+                self.child(self.caps, agent.name)
 
     def model_fallback(self, provider: str, error_type: str) -> None:
         self.child(self.fallbacks, provider, error_type).inc()
 
     def children_started(self, agent: str, count: int) -> None:
-        self.child(self.children, agent).inc(count)
+        self.scoped(self.children, agent).inc(count)
 
     # -- transport ---------------------------------------------------------------------------
 

@@ -67,6 +67,9 @@ class Controls:
     async def _emit_finished(self, result: TurnResult) -> None:
         raise NotImplementedError
 
+    async def _wake_in_line(self, session_id: str, turn_id: str) -> list[Action]:
+        raise NotImplementedError
+
     async def on_decision(self, decision: TurnDecision) -> list[Action]:
         """Record a decision on a call a turn waits on; a parked turn's step is published, and
         applies every decision recorded so far under the lease."""
@@ -115,7 +118,10 @@ class Controls:
         if ended == "head":
             # the session's running turn: its next step message (or the renewal of the step
             # running now) finds the cancel under the lease; a parked one has none, so the
-            # step it is parked at is published
+            # step it is parked at is published, and so is the first step of one that waits
+            # in its tenant's line
+            if recorded.parked is None:
+                return await self._wake_in_line(session_id, turn_id)
             return wake(session_id, turn_id, recorded.parked)
         return await self._queued_end(result, replies)
 
@@ -244,7 +250,7 @@ class Controls:
         # as they came: the loop passes them through the agent's after_tool hooks (and cuts them
         # to max_tool_result_chars) before the model sees them
         merged, fresh = with_child_results(state, session.children)
-        index = ex.pending.index if ex.pending is not None else len(ex.steps)
+        index = ex.pending.index if ex.pending is not None else ex.step_count
         for child, result in fresh:
             await announce(
                 self.events,

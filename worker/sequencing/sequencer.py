@@ -54,9 +54,11 @@ from worker.sequencing.actions import (
 from worker.sequencing.announcing import Announcing
 from worker.sequencing.controls import Controls
 from worker.sequencing.erasure import Erasure, Forget
+from worker.sequencing.throttling import Throttling
 from worker.session.leases import LeaseKeeper
 from worker.session.port import Opening, SessionStore, StepSession
 from worker.session.records import SessionRecords
+from worker.session.tenant_slots import TenantSlots
 
 log = logging.getLogger("loopwire.sequencer")
 
@@ -69,7 +71,7 @@ async def _as_is(result: TurnResult) -> TurnResult:
     return result
 
 
-class SessionSequencer(Announcing, Controls, Erasure):
+class SessionSequencer(Announcing, Throttling, Controls, Erasure):
     def __init__(
         self,
         *,
@@ -84,7 +86,10 @@ class SessionSequencer(Announcing, Controls, Erasure):
         records: SessionRecords | None = None,
         forget: Forget | None = None,
         tracing: Tracing | None = None,
+        slots: TenantSlots | None = None,
     ) -> None:
+        self.slots = slots
+        """Tenants' caps on running turns (none: no cap)."""
         self.tracing = tracing
         """Spans of turns and steps, when tracing is on."""
         self.records = records
@@ -198,9 +203,9 @@ class SessionSequencer(Announcing, Controls, Erasure):
         if isinstance(ready, list):
             return ready
         if self.tracing is None:
-            return await self._stepped(ready, session, work, abandon)
+            return [*ready.also, *await self._stepped(ready, session, work, abandon)]
         with self.tracing.step(ready.trace, ready.request, work.step):
-            return await self._stepped(ready, session, work, abandon)
+            return [*ready.also, *await self._stepped(ready, session, work, abandon)]
 
     async def _stepped(
         self, ready: _Stepping, session: StepSession, work: StepWork, abandon: Callable[[], None]
@@ -232,7 +237,7 @@ class SessionSequencer(Announcing, Controls, Erasure):
         failpoints.hit("step_saved")
         return [
             Step(
-                StepWork(session_id=work.session_id, turn_id=work.turn_id, step=len(next_ex.steps))
+                StepWork(session_id=work.session_id, turn_id=work.turn_id, step=next_ex.step_count)
             )
         ]
 
@@ -245,6 +250,7 @@ class SessionSequencer(Announcing, Controls, Erasure):
         ex = state.execution if state else None
         cancel = session.cancel
         opening = session.opening
+        also: list[Action] = []
         if cancel is not None and await self._runs(ex, work, opening):
             return await self._end_cancelled(session, state, work, cancel)
         if ex is None:
@@ -258,16 +264,25 @@ class SessionSequencer(Announcing, Controls, Erasure):
             )
             if request is None:
                 return [Drop(f"turn {work.turn_id} has no stored request", "missing_request")]
+            runs, also = await self._take_slot(work, request)
+            if not runs:
+                return also
             # not saved here: the turn's first save (its input) writes it
             state = new_execution(state, request, self.profile(request.agent), self.clock())
             if self.tracing is not None:
                 state = self.tracing.begin(state)
-        elif ex.turn_id != work.turn_id or work.step != len(ex.steps):
+        elif ex.turn_id != work.turn_id:
+            # another turn of the session runs: this one is over (its effects are repeated
+            # when this message was taken before and its turn's result is stored: the worker
+            # that ended it may have died before announcing and replying) or never ran; the
+            # running turn was started by whoever started it, so it is not kicked again
+            return await self._already_done(work, None, redone, state)
+        elif work.step != ex.step_count:
             if (
                 redone
                 and ex.turn_id == work.turn_id
                 and ex.pending is None
-                and work.step == len(ex.steps) - 1
+                and work.step == ex.step_count - 1
             ):
                 # This step was saved, but the worker may have died (or failed) before
                 # publishing the next one: publish it again (a duplicate of it is dropped as
@@ -288,7 +303,7 @@ class SessionSequencer(Announcing, Controls, Erasure):
         wait = ex.wait if ex is not None else None
         waited = wait.call_ids if wait is not None and wait.kind == "approval" else ()
         stepping = self.loop_factory(session, profile, redone).step(state, profile)
-        return _Stepping(stepping, request, waited, turn_of(state).trace)
+        return _Stepping(stepping, request, waited, turn_of(state).trace, tuple(also))
 
     async def _runs(
         self, ex: ExecutionState | None, work: StepWork, opening: Opening | None
@@ -313,7 +328,9 @@ class SessionSequencer(Announcing, Controls, Erasure):
             state = session.take_state()
             ex = state.execution if state else None
             if ex is not None and ex.turn_id != work.turn_id:
-                return [Drop(f"stale step message {work.turn_id}#{work.step}", "stale_step")]
+                # another turn runs: this one ended (what followed its end goes out again,
+                # its worker may have died before) or never ran
+                return await self._already_done(work, None, True, state)
             request = ex.request if ex else await self.store.request(work.session_id, work.turn_id)
             if request is None:
                 # ended already (this very call, before a failure sent the message back):
@@ -351,7 +368,7 @@ class SessionSequencer(Announcing, Controls, Erasure):
         actions += cancel_children(finished.orphans, request.turn_id, finished.result.finish_reason)
         if session.next_turn is not None:
             actions.append(first_step(request.session_id, session.next_turn))
-        return actions
+        return actions + await self._give_slot(request.turn_id, request.parent)
 
     async def _already_done(
         self, work: StepWork, head: str | None, redone: bool, state: AgentState | None = None
@@ -372,6 +389,7 @@ class SessionSequencer(Announcing, Controls, Erasure):
         actions += to_parent(result)
         if head is not None and head != work.turn_id:
             actions.append(first_step(work.session_id, head))
+        actions += await self._give_slot(work.turn_id, result.parent)
         return [*actions, Drop("finished turn: effects repeated", "finished_turn")]
 
 
@@ -385,3 +403,5 @@ class _Stepping:
     """The calls the turn waited on, if it was parked."""
     trace: TurnTrace | None = None
     """The turn's span ids, when it is traced."""
+    also: tuple[Action, ...] = ()
+    """Sent whatever the step does: first steps of turns its tenant's slots went to."""

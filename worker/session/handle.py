@@ -18,7 +18,7 @@ from contracts import keys
 from contracts.codec import decode, encode, encode_stored, read_stored
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.messages import ChatMessage
-from contracts.state import AgentState
+from contracts.state import AgentState, StepExecution
 from contracts.tools import idempotency_key
 from contracts.turns import TurnResult
 from worker.errors import StaleStateError
@@ -170,6 +170,16 @@ class SessionHandle:
                 items = [*before, *during] if ex.history_start > 0 else list(during)
         return StoredMessages(_unpack(items))
 
+    async def load_steps(self, state: AgentState) -> list[StepExecution]:
+        ex = state.execution
+        if ex is None:
+            return []
+        with self.store.timed("load_steps"):
+            items = await self.store.redis.lrange(
+                keys.turn_steps(state.session_id, ex.turn_id), 0, -1
+            )
+        return [*ex.steps, *(read_stored(_bytes(item), StepExecution) for item in items)]
+
     async def save(
         self,
         state: AgentState,
@@ -177,6 +187,7 @@ class SessionHandle:
         append: Sequence[ChatMessage] = (),
         result: TurnResult | None = None,
         release: bool = False,
+        step: StepExecution | None = None,
     ) -> AgentState:
         sid = state.session_id
         ex = state.execution
@@ -198,6 +209,7 @@ class SessionHandle:
             encode(result) if result is not None else "",
             turn_id,
             parked,
+            encode(step.stored()) if step is not None else "",
             len(appended),
             *appended,
             *_counted(call_keys(state)),
@@ -223,6 +235,7 @@ class SessionHandle:
                         keys.session_history(sid),
                         keys.session_calls(sid),
                         keys.session_children(sid),
+                        keys.turn_steps(sid, turn_id or "_"),
                     ],
                     args,
                     (keys.turn_session(turn_id), lifetime) if turn_id else None,
@@ -239,6 +252,8 @@ class SessionHandle:
         elif parked:
             self.parked = int(parked)
             self.controls_waiting = bool(int(waiting))
+        if step is not None:
+            failpoints.hit("step_recorded")
         _failpoint_after_save(state, append)
         if parked:
             failpoints.hit("parked" if parked != "-" else "resumed")
@@ -294,7 +309,7 @@ def _parked_arg(state: AgentState, parked: int | None) -> str:
     (or ends), '' otherwise."""
     ex = state.execution
     if ex is not None and ex.status == "waiting":
-        index = ex.pending.index if ex.pending is not None else len(ex.steps)
+        index = ex.pending.index if ex.pending is not None else ex.step_count
         return "" if parked == index else str(index)
     return "-" if parked is not None else ""
 

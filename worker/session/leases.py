@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from contracts import tenancy
 from worker.session.port import Renewal, SessionStore, StepSession
 
 log = logging.getLogger("loopwire.leases")
@@ -55,6 +56,7 @@ class LeaseKeeper:
         "renewing",
         "steps",
         "store",
+        "tenants",
     )
 
     def __init__(
@@ -71,6 +73,8 @@ class LeaseKeeper:
         """Called (once) when a renewal finds the step's turn cancelled."""
         self.steps: dict[StepSession, str] = {}
         """What each held lease is for (``<turn_id>#<step>``), for the log when it is lost."""
+        self.tenants: dict[StepSession, str | None] = {}
+        """The tenant of each held session (``contracts.tenancy``): its keys are the tenant's."""
         self.interval = store.lease_ttl_s / 3
         """A lease is renewed this long (a third of its TTL, in seconds) after it was taken or
         its last renewal was sent."""
@@ -92,6 +96,7 @@ class LeaseKeeper:
         """Keep ``handle``'s lease (taken just now); ``cancelled`` is called when a renewal finds
         its turn cancelled (the step abandons what it waits for)."""
         self.steps[handle] = step
+        self.tenants[handle] = tenancy.current()  # renewed from a task of the keeper's own
         if cancelled is not None:
             self.on_cancel[handle] = cancelled
         self._due(handle, self._timers().time() + self.interval)
@@ -99,6 +104,7 @@ class LeaseKeeper:
     def drop(self, handle: StepSession) -> None:
         self.held.pop(handle, None)
         self.steps.pop(handle, None)
+        self.tenants.pop(handle, None)
         self.on_cancel.pop(handle, None)
 
     def _tick(self) -> None:
@@ -137,7 +143,8 @@ class LeaseKeeper:
     async def _renew_one(self, handle: StepSession, sent: float) -> None:
         try:
             try:
-                renewed: Renewal | None = await self.store.renew(handle)
+                with tenancy.acting_for(self.tenants.get(handle)):  # the session's keys
+                    renewed: Renewal | None = await self.store.renew(handle)
             except Exception as exc:
                 log.warning("could not renew the lease of session %s: %s", handle.session_id, exc)
                 renewed = None

@@ -30,7 +30,7 @@ from contracts.codec import decode, read_stored
 from contracts.control import ApprovalRequest
 from contracts.messages import ChatMessage
 from contracts.sessions import SessionSummary, TurnInfo, TurnStatus
-from contracts.state import AgentState
+from contracts.state import AgentState, StepExecution
 from contracts.turns import TurnResult
 from worker.loop.transcript import StoredMessages
 from worker.session import scripts
@@ -137,22 +137,46 @@ class SessionRecords:
         return decode(_bytes(blob), TurnResult) if blob else None
 
     async def step_text(self, session_id: str, turn_id: str, step: int) -> str | None:
-        """The saved text of one step's answer (``""`` for an answer with none): from the state
-        while the turn runs, from the result for the last step of a turn that has ended; None
-        when it is not saved (yet, or any more)."""
+        """The saved text of one step's answer (``""`` for an answer with none): from the
+        pending step while it runs, from the turn's step list once the step completed (kept
+        ``ttl_s`` past the turn's end), from the result for the last step of a turn whose list
+        is gone; None when it is not saved (yet, or any more)."""
         state = await self.state(session_id)
         ex = state.execution if state is not None else None
+        inline = 0
         if ex is not None and ex.turn_id == turn_id:
-            if step < len(ex.steps):
-                response = ex.steps[step].step.response
-                return (response.message.content or "") if response is not None else None
             pending = ex.pending
             if pending is not None and pending.index == step and pending.response is not None:
                 return pending.response.message.content or ""
-            return None
+            if step >= ex.step_count:
+                return None
+            if step < len(ex.steps):  # completed before the upgrade to step lists
+                return _answer_text(ex.steps[step])
+            inline = len(ex.steps)
+        record = await self._stored_step(session_id, turn_id, step, step - inline)
+        if record is not None:
+            return _answer_text(record)
         result = await self.result(turn_id, session_id)
         if result is not None and result.steps == step + 1:
             return result.content or ""
+        return None
+
+    async def _stored_step(
+        self, session_id: str, turn_id: str, step: int, at: int
+    ) -> StepExecution | None:
+        """Step ``step``'s record in the turn's step list, looked for at ``at``; a turn whose
+        first steps were kept inline by an earlier release (the list starts later) is read at
+        the offset its first record shows."""
+        key = keys.turn_steps(session_id, turn_id)
+        for _ in range(2):
+            blob = await self.redis.lindex(key, at) if at >= 0 else None
+            record = read_stored(_bytes(blob), StepExecution) if blob else None
+            if record is not None and record.step.index == step:
+                return record
+            first = await self.redis.lindex(key, 0)
+            if not first:
+                return None
+            at = step - read_stored(_bytes(first), StepExecution).step.index
         return None
 
     async def unfinished(self, session_id: str) -> list[str]:
@@ -235,6 +259,7 @@ def _own_keys(session_id: str, turn_ids: list[str]) -> list[str]:
             keys.turn_result(session_id, turn_id),
             keys.turn_controls(session_id, turn_id),
             keys.turn_transient(session_id, turn_id),
+            keys.turn_steps(session_id, turn_id),
         ]
     return [
         *found,
@@ -248,8 +273,14 @@ def _own_keys(session_id: str, turn_ids: list[str]) -> list[str]:
         keys.session_notes_filed(session_id),
         keys.session_children(session_id),
         keys.session_calls(session_id),
+        keys.session_thread(session_id),
         keys.session_turns(session_id),
     ]
+
+
+def _answer_text(record: StepExecution) -> str | None:
+    response = record.step.response
+    return (response.message.content or "") if response is not None else None
 
 
 def _text(value: bytes | str) -> str:

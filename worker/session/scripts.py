@@ -31,13 +31,14 @@ def _keeping(body: str) -> str:
 
 
 # KEYS: lease fence state history controls(of the step's turn) queue requests turns replies
+#       steps(of the step's turn)
 # ARGV: lease_ttl_ms, session_ttl_s, turn_id ('' : not a turn's first step)
 # -> {0} (held elsewhere) or {token, version, state, history, controls[, head, request]}: a
 #    turn's first step also gets the session's queue head and the turn's stored request
 BEGIN: Final = _keeping("""
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
 local token = redis.call('INCR', KEYS[2])
-keep(ARGV[2], 2, 9)
+keep(ARGV[2], 2, 10)
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
 local state = redis.call('HMGET', KEYS[3], 'v', 's')
 local reply = {token, state[1] or false, state[2] or false,
@@ -49,12 +50,12 @@ end
 return reply
 """)
 
-# KEYS: lease controls state history fence queue turns requests replies transient
+# KEYS: lease controls state history fence queue turns requests replies transient steps
 # ARGV: token, ttl_ms, session_ttl_s -> 0 lost, 1 held, 2 held and the turn is cancelled
 RENEW: Final = _keeping("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  keep(ARGV[3], 2, 10)
+  keep(ARGV[3], 2, 11)
   if redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then return 2 end
   return 1 end
 return 0
@@ -62,8 +63,8 @@ return 0
 
 # Record a control message of a turn once (field 'cancel', or 'decision:<call id>'); the
 # session's keys live at least ``ttl_s`` more (a control message is activity of the session).
-# KEYS: turns controls state history fence queue requests replies ; ARGV: turn_id, field, blob,
-#       ttl_s
+# KEYS: turns controls state history fence queue requests replies steps ; ARGV: turn_id, field,
+#       blob, ttl_s
 # -> {'unknown'} (never accepted), {'finished'}, or {'recorded' | 'again' (a copy), parked}:
 #    ``parked`` is the step the turn is parked at ('' when it is not parked)
 CONTROL: Final = _keeping("""
@@ -71,7 +72,7 @@ local status = redis.call('HGET', KEYS[1], ARGV[1])
 if not status then return {'unknown'} end
 if status == 'done' then return {'finished'} end
 local new = redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
-keep(ARGV[4], 1, 8)
+keep(ARGV[4], 1, 9)
 local parked = redis.call('HGET', KEYS[2], 'parked') or ''
 if new == 1 then return {'recorded', parked} end
 return {'again', parked}
@@ -99,30 +100,33 @@ return 0
 """
 
 # KEYS: lease state list result turns queue requests transient replies controls fence history
-#       calls children [index: the turn's session index, given twice the session's expiry (on
-#       one Redis; on a cluster it is renewed beside the script)]
+#       calls children steps [index: the turn's session index, given twice the session's expiry
+#       (on one Redis; on a cluster it is renewed beside the script)]
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
-#       parked, n, msg..., m, call... (the idempotency keys of the tool calls the step's model
-#       answer asked for, added to ``calls``)
+#       parked, step_record|'', n, msg..., m, call... (the idempotency keys of the tool calls the
+#       step's model answer asked for, added to ``calls``)
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
 # ``transient`` names and a result deletes; ``history`` is the session's, kept alive either
-# way). ``parked``: the step a turn parks at (recorded in its controls, so that whoever
-# records a control message kicks that step), '-' when it resumes (the controls that woke it,
-# now in its state, are dropped with it; a cancel stays), '' otherwise. ``ttl_s``: how long
-# every key of the session lives at least after this save (a parked turn's keys outlive its
-# wait); a result sets them to expire exactly ``ttl_s`` after it. Returns {version, next head,
-# replies, controls waiting, cancel}: ``controls waiting`` is 1 when a turn parks while control
-# messages for it were recorded already (it resumes at once); ``cancel`` the turn's recorded
-# cancel ('' when none, or the turn ended).
+# way). ``step_record``: the record of the step this save completes, appended to the turn's
+# ``steps`` list (once: the save is refused as stale if done again). ``parked``: the step a turn
+# parks at (recorded in its controls, so that whoever records a control message kicks that
+# step), '-' when it resumes (the controls that woke it, now in its state, are dropped with it;
+# a cancel stays), '' otherwise. ``ttl_s``: how long every key of the session lives at least
+# after this save (a parked turn's keys outlive its wait); a result sets them to expire exactly
+# ``ttl_s`` after it. Returns {version, next head, replies, controls waiting, cancel}:
+# ``controls waiting`` is 1 when a turn parks while control messages for it were recorded
+# already (it resumes at once); ``cancel`` the turn's recorded cancel ('' when none, or the
+# turn ended).
 SAVE: Final = _keeping("""
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
 local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
 if v ~= tonumber(ARGV[2]) then return redis.error_reply('STALE version ' .. v) end
 redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3])
-local n = tonumber(ARGV[9])
-if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 10, 9 + n)) end
-local m = tonumber(ARGV[10 + n] or '0')
-if m > 0 then redis.call('SADD', KEYS[13], unpack(ARGV, 11 + n, 10 + n + m)) end
+if ARGV[9] ~= '' then redis.call('RPUSH', KEYS[15], ARGV[9]) end
+local n = tonumber(ARGV[10])
+if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 11, 10 + n)) end
+local m = tonumber(ARGV[11 + n] or '0')
+if m > 0 then redis.call('SADD', KEYS[13], unpack(ARGV, 12 + n, 11 + n + m)) end
 local waiting = 0
 local cancel = redis.call('HGET', KEYS[10], 'cancel')
 if ARGV[8] == '-' then
@@ -143,11 +147,11 @@ if ARGV[6] ~= '' then
   cancel = false
   head = redis.call('LINDEX', KEYS[6], 0) or ''
   replies = redis.call('HGET', KEYS[9], ARGV[7]) or ''
-  for i = 2, 14 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  for i = 2, 15 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 else
-  keep(ARGV[5], 2, 14)
+  keep(ARGV[5], 2, 15)
 end
-if KEYS[15] then redis.call('EXPIRE', KEYS[15], 2 * ARGV[5]) end
+if KEYS[16] then redis.call('EXPIRE', KEYS[16], 2 * ARGV[5]) end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return {v + 1, head, replies, waiting, cancel or ''}
 """)
@@ -263,5 +267,22 @@ local wait = math.max(rwait, twait)
 if wait > 0 then return math.ceil(wait) end
 if rtat then redis.call('SET', KEYS[1], rtat, 'PX', 120000) end
 if ttat then redis.call('SET', KEYS[2], ttat, 'PX', 120000) end
+return 0
+"""
+
+# What ADMIT charged, given back (a tenant's charge for a call the endpoint's limit then
+# refused: worker.model.ratelimit): each arrival time moves back by the call's cost, never
+# before now. KEYS and ARGV: ADMIT's -> 0
+REFUND: Final = """
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local function give_back(key, per_minute, cost)
+  if per_minute <= 0 or cost <= 0 then return end
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat <= now then return end
+  redis.call('SET', key, math.max(now, tat - cost * 60000 / per_minute), 'PX', 120000)
+end
+give_back(KEYS[1], tonumber(ARGV[1]), 1)
+give_back(KEYS[2], tonumber(ARGV[2]), math.min(tonumber(ARGV[3]), tonumber(ARGV[2])))
 return 0
 """

@@ -207,6 +207,7 @@ class RedisStore(FleetLists):
                     keys.session_queue(session_id),
                     keys.session_requests(session_id),
                     keys.session_replies(session_id),
+                    keys.turn_steps(session_id, turn_id),
                 ],
                 args=[turn_id, field, encode(control), self.ttl_s],
             )
@@ -258,6 +259,7 @@ class RedisStore(FleetLists):
                     keys.session_requests(session_id),
                     keys.session_turns(session_id),
                     keys.session_replies(session_id),
+                    keys.turn_steps(session_id, turn_id or "_"),
                 ],
                 args=[self.lease_ms, self.ttl_s, turn_id if first else ""],
             )
@@ -296,6 +298,7 @@ class RedisStore(FleetLists):
                     keys.session_requests(sid),
                     keys.session_replies(sid),
                     keys.turn_transient(sid, turn_id),
+                    keys.turn_steps(sid, turn_id),
                 ],
                 args=[session.token, self.lease_ms, self.ttl_s],
             )

@@ -24,6 +24,8 @@ class Published:
     body: bytes
     properties: spec.Basic.Properties
     mandatory: bool
+    exchange: str = ""
+    """The exchange it was published to (``""``: the default exchange)."""
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -32,11 +34,14 @@ class Published:
 
 
 class MemoryPublisher:
-    """``Publisher`` that records every publish; ``fail_with`` makes each publish raise instead
-    (e.g. ``ChannelInvalidStateError``: the broker channel is down), recording nothing."""
+    """``Publisher`` to ``exchange`` that records every publish (in ``into``, a list that
+    another publisher may share, to keep one order); ``fail_with`` makes each publish raise
+    instead (e.g. ``ChannelInvalidStateError``: the broker channel is down), recording
+    nothing."""
 
-    def __init__(self) -> None:
-        self.published: list[Published] = []
+    def __init__(self, exchange: str = "", into: list[Published] | None = None) -> None:
+        self.exchange = exchange
+        self.published: list[Published] = into if into is not None else []
         self.fail_with: BaseException | None = None
 
     async def publish(
@@ -49,7 +54,7 @@ class MemoryPublisher:
     ) -> None:
         if self.fail_with is not None:
             raise self.fail_with
-        self.published.append(Published(routing_key, body, properties, mandatory))
+        self.published.append(Published(routing_key, body, properties, mandatory, self.exchange))
 
     def to(self, routing_key: str) -> list[Published]:
         """What was published with ``routing_key``, in order."""
@@ -71,8 +76,13 @@ class MemoryDelivery:
         content_type: str | None = t.CONTENT_TYPE,
         redelivered: bool = False,
         user_id: str | None = None,
+        exchange: str = "",
+        routing_key: str = t.TURNS_QUEUE,
     ) -> None:
         self.body = body
+        self.exchange = exchange
+        self.routing_key = routing_key
+        """Where it was published: the intake exchange and a tenant's key, or the default."""
         self.user_id = user_id
         """The publisher's AMQP user, as RabbitMQ validated it (``None``: it named none)."""
         self.redelivered = redelivered
@@ -98,6 +108,8 @@ class MemoryDelivery:
             reply_to=p.reply_to,
             content_type=p.content_type,
             user_id=p.user_id,
+            exchange=published.exchange,
+            routing_key=published.routing_key,
         )
 
     @property

@@ -63,7 +63,11 @@ class ExpiryRules:
             keys.session_replies(sid),
         ]
         if turn_id:
-            names += [keys.turn_controls(sid, turn_id), keys.turn_transient(sid, turn_id)]
+            names += [
+                keys.turn_controls(sid, turn_id),
+                keys.turn_steps(sid, turn_id),
+                keys.turn_transient(sid, turn_id),
+            ]
         return names
 
     def _keep(self, lifetime: float, names: Sequence[str]) -> None:

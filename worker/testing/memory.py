@@ -26,7 +26,7 @@ from contracts import keys
 from contracts.base import Contract
 from contracts.control import ApprovalRequest, TurnCancel, TurnChildResult, TurnDecision
 from contracts.messages import ChatMessage
-from contracts.state import AgentState, Spend
+from contracts.state import AgentState, Spend, StepExecution
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
 from worker.session.port import (
@@ -93,6 +93,8 @@ class MemoryStore(SaveScript, MemoryFleetLists):
         self.histories: dict[str, list[ChatMessage]] = {}
         self.transient: dict[tuple[str, str], list[ChatMessage]] = {}
         """A ``persist: false`` turn's messages, by session and turn."""
+        self.steps: dict[tuple[str, str], list[StepExecution]] = {}
+        """Each turn's step list (``StepExecution.stored``), by session and turn."""
         self.results: dict[tuple[str, str], TurnResult] = {}
         """Each finished turn's result, by session and turn."""
         self.turns: dict[str, dict[str, str]] = {}
@@ -215,11 +217,11 @@ class MemoryStore(SaveScript, MemoryFleetLists):
         at = parked if isinstance(parked, int) else None
         if field in controls:
             self._expire_controls(key)
-            self._keep(self.ttl_s, self._kept(session_id))
+            self._keep(self.ttl_s, [*self._kept(session_id), keys.turn_steps(*key)])
             return Recorded("again", at)
         controls[field] = control
         self._expire_controls(key)
-        self._keep(self.ttl_s, self._kept(session_id))
+        self._keep(self.ttl_s, [*self._kept(session_id), keys.turn_steps(*key)])
         return Recorded("recorded", at)
 
     async def note_children(self, session_id: str, child_sessions: Sequence[str]) -> None:
@@ -294,6 +296,13 @@ class MemoryStore(SaveScript, MemoryFleetLists):
         own = self.transient.get((state.session_id, ex.turn_id), [])
         return [*history[: ex.history_start], *own]
 
+    async def load_steps(self, state: AgentState) -> list[StepExecution]:
+        self.keys.sweep()
+        ex = state.execution
+        if ex is None:
+            return []
+        return [*ex.steps, *self.steps.get((state.session_id, ex.turn_id), [])]
+
     async def save(
         self,
         state: AgentState,
@@ -301,8 +310,9 @@ class MemoryStore(SaveScript, MemoryFleetLists):
         append: Sequence[ChatMessage] = (),
         result: TurnResult | None = None,
         release: bool = False,
+        step: StepExecution | None = None,
     ) -> AgentState:
-        saved, _ = self._write(state, append, result)
+        saved, _ = self._write(state, append, result, step)
         return saved
 
     # -- shared by both ---------------------------------------------------------------
@@ -349,6 +359,9 @@ class MemorySession:
     async def load_messages(self, state: AgentState) -> list[ChatMessage]:
         return await self.store.load_messages(state)
 
+    async def load_steps(self, state: AgentState) -> list[StepExecution]:
+        return await self.store.load_steps(state)
+
     async def save(
         self,
         state: AgentState,
@@ -356,6 +369,7 @@ class MemorySession:
         append: Sequence[ChatMessage] = (),
         result: TurnResult | None = None,
         release: bool = False,
+        step: StepExecution | None = None,
     ) -> AgentState:
         if not self.store._holds(self):
             raise StaleStateError(f"session {self.session_id}: lease lost")
@@ -366,7 +380,7 @@ class MemorySession:
         cancel = self.store.controls.get(key, {}).get("cancel")
         if result is None and isinstance(cancel, TurnCancel) and self.cancel is None:
             self.cancel = cancel  # as the save script reads it
-        saved, head = self.store._write(state, append, result)
+        saved, head = self.store._write(state, append, result, step)
         self._mark_parked(state)
         if result is not None:
             self.next_turn = head
@@ -385,7 +399,7 @@ class MemorySession:
         controls = self.store.controls.get(key)
         if ex is not None and ex.status == "waiting":
             controls = self.store.controls.setdefault(key, {})
-            index = ex.pending.index if ex.pending is not None else len(ex.steps)
+            index = ex.pending.index if ex.pending is not None else ex.step_count
             if self.parked != index:
                 controls["parked"] = self.parked = index
                 self.controls_waiting = len(controls) > 1

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from contracts import keys
+from contracts.codec import encode, read_stored
 from contracts.messages import ChatMessage
-from contracts.state import AgentState
+from contracts.state import AgentState, StepExecution
 from contracts.turns import TurnRequest, TurnResult
 from worker.errors import StaleStateError
 from worker.testing.expiring import ExpiryRules
@@ -21,14 +22,20 @@ class SaveScript(ExpiryRules):
     states: dict[str, AgentState]
     histories: dict[str, list[ChatMessage]]
     transient: dict[tuple[str, str], list[ChatMessage]]
+    steps: dict[tuple[str, str], list[StepExecution]]
     turns: dict[str, dict[str, str]]
     queues: dict[str, list[str]]
     requests: dict[str, dict[str, TurnRequest]]
 
     def _write(
-        self, state: AgentState, append: Sequence[ChatMessage], result: TurnResult | None
+        self,
+        state: AgentState,
+        append: Sequence[ChatMessage],
+        result: TurnResult | None,
+        step: StepExecution | None = None,
     ) -> tuple[AgentState, str | None]:
-        """The save script: the state on its version, the messages, and a turn's end."""
+        """The save script: the state on its version, the messages, the step's record, and a
+        turn's end."""
         self.keys.sweep()
         sid = state.session_id
         stored = self.states.get(sid)
@@ -41,7 +48,12 @@ class SaveScript(ExpiryRules):
         if append:
             self._append(sid, ex.turn_id if ex and not ex.request.persist else None, append)
         head = None
-        turn_id = ex.turn_id if ex is not None else ""
+        turn_id = ex.turn_id if ex is not None else (result.turn_id if result else "")
+        if step is not None:
+            # as stored in Redis: encoded and read back (the stored form, ``stored``)
+            record = read_stored(encode(step.stored()), StepExecution)
+            self.steps.setdefault((sid, turn_id), []).append(record)
+            self._expire(keys.turn_steps(sid, turn_id), self._pop(self.steps, (sid, turn_id)))
         if result is not None:
             head = self._end(sid, result)
             self._index_lives(result.turn_id, self.ttl_s)
@@ -76,6 +88,6 @@ class SaveScript(ExpiryRules):
         if self.transient.pop((sid, t), None) is not None:
             self.keys.deleted(keys.turn_transient(sid, t))
         self._drop_controls((sid, t))
-        for key in self._kept(sid):
+        for key in [*self._kept(sid), keys.turn_steps(sid, t)]:
             self.keys.expire(key, self.ttl_s)
         return queue[0] if queue else None

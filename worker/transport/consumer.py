@@ -5,8 +5,10 @@ where due.
 - Bad input (undecodable, oversize, wrong schema, hostile ids, unknown agent) is
   published to the dead-letter exchange with ``x-loopwire-reason`` and
   ``x-loopwire-reason-code`` headers on its first delivery, and acked. A rejected turn
-  request is announced as ``turn.rejected`` when its turn id can be read; any other message
-  (a step, a control message, a kind this worker does not know) rejects no turn.
+  request is answered with a ``TurnRejection`` on the reply queue it names (its body's
+  ``reply_to``, else the AMQP property) and announced as ``turn.rejected`` when its turn id
+  can be read (its body's, else its ``message_id``); any other message (a step, a control
+  message, a kind this worker does not know) rejects no turn.
 - Transient failures (Redis down, a Redis Cluster slot without a master during a
   failover, a lost lease race) send the message to the
   delay queue and ack it: the work is never lost and no worker blocks.
@@ -44,6 +46,7 @@ from aiormq.exceptions import ChannelInvalidStateError
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisClusterException, RedisError
 
+from contracts import tenancy
 from contracts import topology as t
 from contracts.base import SAFE_ID_PATTERN
 from contracts.codec import DecodeError, decode
@@ -51,7 +54,7 @@ from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.events import UNKNOWN, TurnRejected, make_event
 from contracts.runtime.tracing import header_traceparent, header_tracestate
 from contracts.sessions import SessionDelete
-from contracts.turns import TurnRequest
+from contracts.turns import TurnRejection, TurnRequest
 from contracts.work import StepWork
 from worker.errors import PermanentError, RetryableError, StaleStateError
 from worker.loop import EventSink
@@ -63,13 +66,14 @@ from worker.transport.delivery import (
     channel_closed,
     child_request,
     count,
-    readable_ids,
+    rejected_request,
     step_work,
     taken_before,
 )
 from worker.transport.outbox import Outbox
 from worker.transport.publish import Publisher, properties
 from worker.transport.senders import Senders
+from worker.transport.tenants import Tenants
 
 log = logging.getLogger("loopwire.consumer")
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
@@ -115,13 +119,19 @@ class Consumer:
         in_flight: set[asyncio.Task[Any]] | None = None,
         user: str | None = None,
         workers: Collection[str] = (),
+        tenants: Tenants | None = None,
+        intake: Publisher | None = None,
+        lanes: frozenset[str] = frozenset(),
     ) -> None:
         self.metrics = metrics if metrics is not None else WorkerMetrics(CollectorRegistry())
         self.work = work
         self.publisher = publisher
         """Confirmed publishes to the default exchange: next steps, replies, retries."""
         self.senders = Senders(user, workers)
-        self.outbox = Outbox(publisher, user)
+        self.tenants = tenants if tenants is not None else Tenants()
+        """Whose each message is (off unless the worker's settings turn tenancy on)."""
+        self.outbox = Outbox(publisher, user, intake, lanes)
+        """What the work publishes; a tenant's of ``lanes`` to its intake through ``intake``."""
         self.dead_letters = dead_letters
         """Confirmed publishes to the dead-letter exchange."""
         self.events = events
@@ -161,8 +171,15 @@ class Consumer:
                 if channel_closed(message):
                     return  # the broker delivers it again: no step for a delivery that is gone
             headers: dict[str, Any] = message.headers  # read only: a step holds it to its end
-            settlement = await self._work(message, headers)
-            await self._settle(message, headers, settlement)
+            try:
+                lane = t.intake_tenant(message.exchange, message.routing_key)
+                tenant = self.tenants.of(message.user_id, headers, lane)
+            except PermanentError as exc:
+                await self._settle(message, headers, DeadLetter(str(exc), exc.code))
+                return
+            with tenancy.acting_for(tenant):  # every key, header and event of the work
+                settlement = await self._work(message, headers)
+                await self._settle(message, headers, settlement)
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
             await self._give_back(message, exc)
 
@@ -260,7 +277,7 @@ class Consumer:
                 settlement = Retry("busy")
             elif isinstance(action, Drop):
                 log.debug("dropping work: %s", action.reason)
-                self.metrics.dropped.labels(action.code).inc()
+                self.metrics.scoped(self.metrics.dropped, action.code).inc()
         return settlement
 
     async def _retry(
@@ -279,12 +296,20 @@ class Consumer:
             properties=properties(
                 content_type=message.content_type,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={**headers, t.H_ATTEMPT: attempt, **({t.H_REDONE: True} if redone else {})},
+                headers={
+                    **headers,
+                    t.H_ATTEMPT: attempt,
+                    **({t.H_REDONE: True} if redone else {}),
+                    **tenancy.headers(),
+                },
                 message_id=message.message_id,
                 correlation_id=message.correlation_id,
                 reply_to=message.reply_to,
                 expiration_ms=int(self.busy_retry_s * 1000),
-                user_id=self.senders.voucher(message.user_id),
+                # the tenant the worker resolved, under its own user: it vouches for it now
+                user_id=self.senders.user
+                if tenancy.current() is not None
+                else self.senders.voucher(message.user_id),
             ),
         )
         self.metrics.retried.labels(retry.reason).inc()
@@ -340,11 +365,11 @@ class Consumer:
                 user_id=self.senders.voucher(message.user_id),
             ),
         )
-        self.metrics.dead_lettered.labels(letter.code).inc()
+        self.metrics.dead_letter(letter.code)
         if headers.get(t.H_KIND, t.KIND_START) == t.KIND_START:
             # a turn request's turn is rejected; any other message (a step, a control message,
             # one of a kind this worker does not know) rejects no turn
-            await self._announce_rejected(message.body, reason, letter.code)
+            await self._announce_rejected(message, reason, letter.code)
         return None
 
     async def _give_back(self, message: AbstractIncomingMessage, exc: BaseException) -> None:
@@ -372,10 +397,25 @@ class Consumer:
         with contextlib.suppress(AMQPError, ChannelInvalidStateError, ConnectionError):
             await message.nack(requeue=True)
 
-    async def _announce_rejected(self, body: bytes, reason: str, code: str) -> None:
-        turn_id, agent, session_id = readable_ids(body)
-        if turn_id is None:
-            return
+    async def _announce_rejected(
+        self, message: AbstractIncomingMessage, reason: str, code: str
+    ) -> None:
+        """A refused turn request: its publisher gets a ``TurnRejection`` on the reply queue it
+        named, and ``turn.rejected`` is announced where its turn id can be read (from the body,
+        else the ``message_id`` it was published with)."""
+        turn_id, agent, session_id, reply_to = rejected_request(message)
+        if reply_to is not None:
+            rejection = TurnRejection(
+                turn_id=turn_id,
+                session_id=session_id,
+                agent=agent,
+                code=code[:64],
+                reason=reason,
+                rejected_at=time.time(),
+            )
+            await self.outbox.reject(reply_to, rejection, turn_id or message.correlation_id)
+        if turn_id is None or (self.tenants.enabled and tenancy.current() is None):
+            return  # no turn, or a message refused before its tenant was known: no one's events
         event = make_event(
             "turn.rejected",
             TurnRejected(reason=reason, code=code[:64]),

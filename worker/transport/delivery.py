@@ -1,11 +1,11 @@
 """What a delivery on ``loopwire.turns`` says about itself, read safely: its count headers,
-whether it was taken before, its channel, and what a rejected body lets be read (its ids, a
-child's request, a step)."""
+whether it was taken before, its channel, and what a rejected message lets be read (its ids
+and reply queue, a child's request, a step)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from aio_pika.abc import AbstractIncomingMessage
 from aiormq.exceptions import ChannelInvalidStateError
@@ -17,6 +17,8 @@ from contracts.turns import TurnRequest
 from contracts.work import StepWork
 
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
+_REPLY_QUEUE = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
+"""The queue names a ``TurnRequest``'s ``reply_to`` may be."""
 
 
 def channel_closed(message: AbstractIncomingMessage) -> bool:
@@ -66,17 +68,37 @@ def child_request(body: bytes) -> TurnRequest | None:
     return request if request.parent is not None else None
 
 
-def readable_ids(body: bytes) -> tuple[str | None, str | None, str | None]:
-    """The turn id, agent and session id of a rejected message, where they can be read safely."""
+class Rejected(NamedTuple):
+    """What a rejected turn request lets be read safely: its ids and where its publisher waits."""
+
+    turn_id: str | None
+    agent: str | None
+    session_id: str | None
+    reply_to: str | None
+
+
+def rejected_request(message: AbstractIncomingMessage) -> Rejected:
+    """The ids and reply queue of a rejected turn request: from its body where they can be read,
+    else from its properties (``message_id``, the turn id the protocol asks publishers to put
+    there; ``reply_to``). A reply queue is one a ``TurnRequest`` may name (never one of
+    loopwire's own)."""
     try:
-        obj = decode_obj(body)
+        obj = decode_obj(message.body)
     except DecodeError:
-        return None, None, None
-    if not isinstance(obj, dict):
-        return None, None, None
+        obj = None
+    fields: dict[Any, Any] = obj if isinstance(obj, dict) else {}
 
     def pick(key: str) -> str | None:
-        value = obj.get(key)
-        return value if isinstance(value, str) and _SAFE_ID.match(value) else None
+        value = fields.get(key)
+        return value if isinstance(value, str) and _SAFE_ID.fullmatch(value) else None
 
-    return pick("turn_id"), pick("agent"), pick("session_id")
+    def queue(value: object) -> str | None:
+        if isinstance(value, str) and _REPLY_QUEUE.fullmatch(value):
+            return None if value.startswith("loopwire.") else value
+        return None
+
+    turn_id = pick("turn_id")
+    if turn_id is None and message.message_id and _SAFE_ID.fullmatch(message.message_id):
+        turn_id = message.message_id
+    reply_to = queue(fields.get("reply_to")) or queue(message.reply_to)
+    return Rejected(turn_id, pick("agent"), pick("session_id"), reply_to)

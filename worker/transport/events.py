@@ -1,4 +1,8 @@
-"""Publishes lifecycle events on the ``loopwire.events`` topic exchange (with publisher confirms)."""
+"""Publishes lifecycle events on the ``loopwire.events`` topic exchange (with publisher confirms).
+
+While tenancy is on, an event's routing key starts with its tenant (``<tenant>.turn.finished.
+<agent>.<turn_id>``, ``contracts.tenancy.routed``), so that a tenant's broker user, allowed to
+bind only keys that start with its tenant, sees its own events and nobody else's."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from collections.abc import Sequence
 
 from aio_pika import DeliveryMode
 
+from contracts import tenancy
 from contracts.codec import encode
 from contracts.events import DEFAULT_EVENTS, EVENT_TYPES, Event
 from contracts.runtime.tracing import inject
@@ -32,7 +37,7 @@ class AmqpEventSink:
             inject(headers)
         await self.publisher.publish(
             encode(event),
-            routing_key=event.routing_key,
+            routing_key=tenancy.routed(event.routing_key),
             properties=properties(
                 content_type=CONTENT_TYPE,
                 delivery_mode=DeliveryMode.NOT_PERSISTENT,

@@ -1,10 +1,14 @@
-"""What the sequencer asks to publish, on the wire: the next step, a reply to a publisher, a
-parked turn's timeout through the wait queues, a child turn's request, the control
+"""What the sequencer asks to publish, on the wire: the next step, a reply to a publisher (a
+result, a session read's answer, a refused request's rejection), a parked turn's timeout through the wait queues, a child turn's request, the control
 messages between parents and children, and the deletion of a deleted session's children.
 Every publish is confirmed (``Publisher``); the consumer acks the work message only after all
 of them. Turn work carries ``user_id`` = the worker's own AMQP user (``user``), validated by
 RabbitMQ: what vouches for a child's request and a child's result
-(``worker.transport.consumer``)."""
+(``worker.transport.consumer``); while tenancy is on, it also carries the tenant the work is
+for (``x-loopwire-tenant``), which the next worker takes because a worker's user sent it, and
+what would go to ``loopwire.turns`` for a tenant with an intake queue of its own goes there
+(through the intake exchange, worker/transport/intake.py), so that a tenant's steps queue
+behind its own work only."""
 
 from __future__ import annotations
 
@@ -12,21 +16,32 @@ import time
 
 import aio_pika
 
+from contracts import tenancy
 from contracts import topology as t
 from contracts.base import Contract
 from contracts.codec import encode
 from contracts.control import TurnChildResult
 from contracts.runtime.tracing import TRACEPARENT, TRACESTATE
 from contracts.sessions import SessionDelete
+from contracts.turns import TurnRejection
 from contracts.work import StepWork
 from worker.sequencing.actions import Answer, Control, Delay, Reply, Start, Step
 from worker.transport.publish import Publisher, properties
 
 
 class Outbox:
-    def __init__(self, publisher: Publisher, user: str | None = None) -> None:
+    def __init__(
+        self,
+        publisher: Publisher,
+        user: str | None = None,
+        intake: Publisher | None = None,
+        lanes: frozenset[str] = frozenset(),
+    ) -> None:
         self.publisher = publisher
         self.user = user
+        self.intake = intake
+        """Confirmed publishes to the intake exchange, for the tenants of ``lanes``."""
+        self.lanes = lanes
 
     async def send(self, action: Step | Reply | Delay | Start | Control | Answer) -> None:
         if isinstance(action, Answer):
@@ -59,6 +74,21 @@ class Outbox:
                 delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
                 correlation_id=correlation_id,
                 message_type="session.reply",
+            ),
+        )
+
+    async def reject(
+        self, reply_to: str, rejection: TurnRejection, correlation_id: str | None
+    ) -> None:
+        """A refused turn request's ``TurnRejection``, to the reply queue its publisher waits on."""
+        await self.publisher.publish(
+            encode(rejection),
+            routing_key=reply_to,
+            properties=properties(
+                content_type=t.CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
+                correlation_id=correlation_id,
+                message_type="turn.rejection",
             ),
         )
 
@@ -106,14 +136,19 @@ class Outbox:
         trace: dict[str, str] | None = None,
     ) -> None:
         """Turn work, persistent, to ``queue`` (mandatory: a queue that is gone fails it)."""
-        await self.publisher.publish(
+        publisher = self.publisher
+        if queue == t.TURNS_QUEUE and self.intake is not None:
+            tenant = tenancy.current()
+            if tenant is not None and tenant in self.lanes:
+                publisher, queue = self.intake, t.intake_key(tenant)
+        await publisher.publish(
             encode(body),
             routing_key=queue,
             mandatory=True,
             properties=properties(
                 content_type=t.CONTENT_TYPE,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={t.H_KIND: kind, **trace} if trace else {t.H_KIND: kind},
+                headers={t.H_KIND: kind, **(trace or {}), **tenancy.headers()},
                 message_id=message_id,
                 user_id=self.user,
             ),

@@ -6,7 +6,11 @@ query that cannot be read (not msgpack, not the schema) is dead-lettered with it
 any bad input, and, when it names a ``reply_to``, answered with ``ok: false`` and
 ``code: bad_request`` so that its publisher does not wait; a session or turn that does not
 exist is ``ok: false``, ``code: not_found``. Redis being away sends the query back to the
-queue (it is read again).
+queue (it is read again). While tenancy is on, a query reads its tenant's sessions only
+(another tenant's are ``not_found``, as if they did not exist); one whose tenant is refused
+(``worker.transport.tenants``) is dead-lettered and answered with ``code: tenant_mismatch``.
+Each answer is counted (``loopwire_session_reads_total{op, result}``, with the tenant when the
+metrics carry it): a tenant naming sessions it does not have shows as its ``not_found``.
 """
 
 from __future__ import annotations
@@ -17,14 +21,19 @@ import uuid
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
+from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
+from contracts import keys, tenancy
 from contracts import topology as t
 from contracts.codec import DecodeError, decode
 from contracts.sessions import SessionQuery, SessionReply
+from worker.errors import PermanentError
+from worker.runtime.metrics import WorkerMetrics
 from worker.session.records import SessionRecords
 from worker.transport.outbox import Outbox
 from worker.transport.publish import Publisher, properties
+from worker.transport.tenants import Tenants
 
 log = logging.getLogger("loopwire.sessions")
 
@@ -36,6 +45,8 @@ async def answer(records: SessionRecords, query: SessionQuery) -> SessionReply:
         if result is None:
             return _missing(f"no result for turn {query.turn_id}")
         return SessionReply(ok=True, result=result)
+    if query.op == "turn":
+        return await _turn(records, query)
     assert query.session_id is not None
     if query.op == "text":
         assert query.turn_id is not None and query.step is not None
@@ -56,25 +67,56 @@ async def answer(records: SessionRecords, query: SessionQuery) -> SessionReply:
     return SessionReply(ok=True, messages=tuple(messages), total=total)
 
 
+async def _turn(records: SessionRecords, query: SessionQuery) -> SessionReply:
+    assert query.turn_id is not None
+    session_id = query.session_id
+    if session_id is None:
+        found = await records.redis.get(keys.turn_session(query.turn_id))
+        session_id = found.decode() if isinstance(found, bytes) else found
+    if session_id:
+        for info in await records.turns(session_id):
+            if info.turn_id == query.turn_id:
+                return SessionReply(ok=True, turns=(info,))
+    return _missing(f"no turn {query.turn_id}")
+
+
 class SessionReads:
-    def __init__(self, records: SessionRecords, outbox: Outbox, dead_letters: Publisher) -> None:
+    def __init__(
+        self,
+        records: SessionRecords,
+        outbox: Outbox,
+        dead_letters: Publisher,
+        tenants: Tenants | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.records = records
         self.outbox = outbox
         self.dead_letters = dead_letters
+        self.tenants = tenants if tenants is not None else Tenants()
+        self.metrics = metrics if metrics is not None else WorkerMetrics(CollectorRegistry())
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         reply_to, correlation = message.reply_to, message.correlation_id or ""
         try:
+            tenant = self.tenants.of(message.user_id, message.headers or {})
             query = decode(message.body, SessionQuery)
-        except DecodeError as exc:
-            await self._dead_letter(message, exc.reason, exc.code)
+        except (DecodeError, PermanentError) as exc:
+            reason, code = (
+                (exc.reason, exc.code) if isinstance(exc, DecodeError) else (str(exc), exc.code)
+            )
+            await self._dead_letter(message, reason, code)
+            code = "bad_request" if isinstance(exc, DecodeError) else code
+            self.metrics.scoped(self.metrics.session_reads, "unread", code).inc()
             if reply_to:
-                bad = SessionReply(ok=False, code="bad_request", error=exc.reason[:2000])
+                bad = SessionReply(ok=False, code=code, error=reason[:2000])
                 await self.outbox.answer(reply_to, correlation, bad)
             await message.ack()
             return
         try:
-            reply = await answer(self.records, query)
+            with tenancy.acting_for(tenant):  # the tenant's keys only: others' are not found
+                reply = await answer(self.records, query)
+                result = "ok" if reply.ok else reply.code or "error"
+                self.metrics.scoped(self.metrics.session_reads, query.op, result).inc()
         except (RedisError, ConnectionError) as exc:
             log.warning("session read failed, it goes back to the queue: %s", exc)
             await message.nack(requeue=True)

@@ -31,6 +31,20 @@ RETRY_ARGUMENTS: dict[str, Any] = {
 }
 
 
+async def declare_intake(channel: AbstractChannel, turns: AbstractQueue) -> AbstractExchange:
+    """The tenants' intake exchange, whose unbound keys reach ``turns`` (contracts.topology)."""
+    fallback = await channel.declare_exchange(
+        t.INTAKE_FALLBACK_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
+    )
+    await turns.bind(fallback)
+    return await channel.declare_exchange(
+        t.INTAKE_EXCHANGE,
+        aio_pika.ExchangeType.TOPIC,
+        durable=True,
+        arguments={"alternate-exchange": t.INTAKE_FALLBACK_EXCHANGE},
+    )
+
+
 class Topology:
     """The declared exchanges and queues."""
 
@@ -67,6 +81,7 @@ async def declare(channel: AbstractChannel) -> Topology:
     )
     await turns.bind(requests, routing_key=t.TURNS_QUEUE)
     await sessions.bind(requests, routing_key=t.SESSIONS_QUEUE)
+    await declare_intake(channel, turns)
     await channel.declare_queue(t.RETRY_QUEUE, durable=True, arguments=RETRY_ARGUMENTS)
     for seconds in t.WAIT_BUCKETS_S:
         await channel.declare_queue(

@@ -32,9 +32,11 @@ WRITES = frozenset(
         "save",
         "list_waiting",
         "erase",
+        "admit",
     }
 )
-"""The store and session calls that change what Redis holds: each one is a save point."""
+"""The store and session calls that change what Redis holds: each one is a save point (with
+the tenants' slots': ``admit`` and their ``release``)."""
 
 
 class Crash(BaseException):
@@ -128,3 +130,7 @@ class FaultyStore(_Faulty):
         if name == "take" and out is not None:
             return _Faulty(out, self._faults)
         return out
+
+
+class FaultySlots(_Faulty):
+    """A tenant's slots (``MemoryTenantSlots``) whose calls can fail as the store's do."""

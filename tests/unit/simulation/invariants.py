@@ -12,13 +12,14 @@ import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from contracts import topology as t
-from contracts.codec import decode
+from contracts.codec import decode, decode_obj
 from contracts.control import TurnChildResult
 from contracts.events import Event
 from contracts.turns import TurnRequest, TurnResult
-from tests.unit.simulation.world import DAILY, World
+from tests.unit.simulation.world import CAP, DAILY, SESSION_TTL_S, World
 
 FORGED = "FORGED"
 _OWNER = re.compile(r"for ([A-Za-z0-9_.:-]+)/")
@@ -64,8 +65,10 @@ def _checks() -> tuple[Callable[[World, Record], list[str]], ...]:
         _approved_children,
         _decisions_applied,
         _keys_expire,
+        _steps_recorded_once,
         _daily_spend,
         _rejections,
+        _tenant_cap,
     )
 
 
@@ -113,7 +116,11 @@ def _every_reply_queue_answered(world: World, record: Record) -> list[str]:
         turn = (request.session_id, request.turn_id)
         if turn not in accepted or request.reply_to is None:
             continue
-        got = [decode(b, TurnResult) for b in world.replies.get(request.reply_to, [])]
+        got = [
+            decode(b, TurnResult)
+            for b in world.replies.get(request.reply_to, [])
+            if "finish_reason" in decode_obj(b)  # not a refused request's TurnRejection
+        ]
         if not any(
             r.turn_id == request.turn_id and r.session_id == request.session_id for r in got
         ):
@@ -325,6 +332,20 @@ def _keys_expire(world: World, record: Record) -> list[str]:
     return [f"key {k} never expires" for k in world.memory.keys.without_expiry()]
 
 
+def _steps_recorded_once(world: World, record: Record) -> list[str]:
+    """Every step a finished turn completed is in its step list once, in order (while the
+    list lives): none appended twice by a redone save, none lost by a crash."""
+    broken = []
+    for (session, turn), result in _results(world).items():
+        stored = world.memory.steps.get((session, turn))
+        if stored is None:
+            continue  # never completed a step, or expired with the session's keys
+        indices = [r.step.index for r in stored]
+        if indices != list(range(result.steps)):
+            broken.append(f"turn {(session, turn)}: {result.steps} steps, recorded {indices}")
+    return broken
+
+
 def _daily_spend(world: World, record: Record) -> list[str]:
     """Every model call counts once in the agents' days: what the days hold is what the turns
     of agents with a daily budget spent themselves (a turn's usage less what its children
@@ -346,7 +367,9 @@ def _daily_spend(world: World, record: Record) -> list[str]:
 
 
 def _rejections(world: World, record: Record) -> list[str]:
-    """A turn announced rejected was never accepted, and one turn id is one session's."""
+    """A turn announced rejected was never accepted, and one turn id is one session's as long
+    as its session index lives (twice the idle lifetime past the turn's last activity: after
+    that another session may take the id, as documented)."""
     broken = []
     accepted = _accepted(world)
     for e in world.events.events:
@@ -355,9 +378,48 @@ def _rejections(world: World, record: Record) -> list[str]:
     owners: dict[str, set[str]] = defaultdict(set)
     for session, turn in accepted:
         owners[turn].add(session)
-    broken += [
-        f"turn id {t} was accepted in sessions {sorted(s)}" for t, s in owners.items() if len(s) > 1
-    ]
+    events = _by_turn(world)
+    for turn, sessions in owners.items():
+        if len(sessions) < 2:
+            continue
+        # by what the turns did (an accept's event carries the store's wall clock)
+        times = {
+            s: [e.time for e in events[s, turn] if e.type != "turn.accepted"] for s in sessions
+        }
+        spans = sorted((min(times[s]), max(times[s]), s) for s in sessions if times[s])
+        for (_, last, first), (taken, _, second) in pairwise(spans):
+            if taken < last + 2 * SESSION_TTL_S:
+                broken.append(f"turn id {turn} was accepted in sessions {[first, second]}")
+    return broken
+
+
+def _tenant_cap(world: World, record: Record) -> list[str]:
+    """The tenant's cap on running turns holds: never more than ``CAP`` root turns between
+    their start and their end, in the order the events went out (a slot is taken before a
+    turn's start is announced, and given back after its end is); and no slot or place in
+    line is left once the world has settled."""
+    running: set[tuple[str | None, str | None]] = set()
+    started: set[tuple[str | None, str | None]] = set()
+    ended: set[tuple[str | None, str | None]] = set()
+    broken = []
+    for e in world.events.events:
+        turn = (e.session_id, e.turn_id)
+        if e.parent_turn_id is not None:
+            continue
+        if e.type == "turn.started" and turn not in started:
+            started.add(turn)
+            running.add(turn)
+            if len(running) > CAP:
+                broken.append(f"{len(running)} turns ran at once, over the cap: {sorted(running)}")
+        elif e.type in FINISH_TYPES and turn not in ended:
+            ended.add(turn)
+            running.discard(turn)
+    for tenant, slots in world.slots.tenants.items():
+        if slots.running or slots.line or slots.sessions or slots.starting:
+            broken.append(
+                f"tenant {tenant}: slots left after every turn ended: running {slots.running}, "
+                f"line {slots.line}, starting {slots.starting}"
+            )
     return broken
 
 

@@ -212,6 +212,35 @@ SCHEDULES: dict[str, tuple[frozenset[str], Steps]] = {
             deliver(0, "crash", 2),
         ],
     ),
+    # a turn ended by its deadline whose worker died right after the end's save, while the
+    # session's next turn started: the redone step found another turn running and was dropped
+    # as stale, so the end was never announced nor its reply sent
+    "a turn's end is repeated when the session runs its next turn": (
+        _c("every_turn_ends_once,every_reply_queue_answered"),
+        [
+            turn("support", session="C", turn="t1", deadline=5.0),
+            advance(5.0),
+            deliver(0, "ok", 1),
+            deliver(0, "crash", 3),
+            turn("payer", session="C", turn="t2"),
+            deliver(0, "redis", 1),
+        ],
+    ),
+    # another session takes a finished turn's id once the turn's session index has lapsed
+    # (twice the idle lifetime after the turn's end), as documented: not a broken promise
+    "a turn id is free again once its session index has lapsed": (
+        _c("rejections,every_turn_ends_once"),
+        [
+            turn("support", session="B", deadline=5.0),
+            advance(5.0),
+            deliver(),
+            deliver(),
+            advance(61.0),
+            advance(3570.0),
+            advance(3570.0),
+            turn("support", session="A"),
+        ],
+    ),
 }
 
 

@@ -22,6 +22,7 @@ from contracts import topology as t
 from contracts.codec import decode, encode
 from contracts.messages import ChatMessage, ToolCall, Usage
 from contracts.state import ModelResponse
+from contracts.tenancy import DEFAULT
 from contracts.tools import (
     ToolCallReply,
     ToolCallRequest,
@@ -30,15 +31,17 @@ from contracts.tools import (
 )
 from contracts.turns import TurnRequest
 from contracts.work import StepWork
-from tests.unit.simulation.faults import Crash, Faults, FaultyStore
+from tests.unit.simulation.faults import Crash, Faults, FaultySlots, FaultyStore
 from worker.loop.ports import ModelRequest
 from worker.profiles.agents import AgentProfiles
 from worker.runtime.metrics import WorkerMetrics
 from worker.testing.broker import MemoryDelivery, MemoryPublisher, Published
 from worker.testing.memory import ListSink, MemoryStore
 from worker.testing.sequencing import sequencer_over
+from worker.testing.slots import MemoryTenantSlots
 from worker.transport.consumer import Consumer
 from worker.transport.publish import properties
+from worker.transport.tenants import Tenants
 
 START = 1_800_000_000.0
 LEASE_TTL_S = 15.0
@@ -49,6 +52,12 @@ WAIT_QUEUES = frozenset(t.wait_queue(s) for s in t.WAIT_BUCKETS_S)
 WORKER_USER = "loopwire-worker"
 """The workers' AMQP user: the broker vouches for it on what they publish, never on what a
 publisher does."""
+PUBLISHER = "shop-app"
+"""The publishers' AMQP user: tenancy is on, and it is the default tenant's (so the keys are
+the ones a fleet without tenancy has, and the tenant's cap on running turns applies)."""
+CAP = 2
+"""The tenant's running turns at once (``LOOPWIRE_TENANTS__MAX_RUNNING``); child turns take
+no slot."""
 TOKENS = 10
 """Every model answer's usage."""
 
@@ -200,11 +209,14 @@ class World:
     def __post_init__(self) -> None:
         self.memory = MemoryStore(lease_ttl_s=LEASE_TTL_S, clock=self.clock, ttl_s=SESSION_TTL_S)
         self.store = FaultyStore(self.memory, self.faults)
+        self.slots = MemoryTenantSlots(default_cap=CAP, lapse_s=SESSION_TTL_S)
         self.model = SimModel()
         self.tools = SimTools(self)
         self.events = ListSink()
         self.publisher = MemoryPublisher()
         self.dead_letters = MemoryPublisher()
+        # the tenant's own intake queue: its publishers' requests and its steps go there
+        self.intake = MemoryPublisher(t.INTAKE_EXCHANGE, into=self.publisher.published)
         self.sequencer = sequencer_over(
             self.store,  # type: ignore[arg-type]
             model=self.model,
@@ -214,6 +226,7 @@ class World:
             agents=AgentProfiles.model_validate(PROFILES).agents,
             clock=self.clock,
             ledger=self.store,  # type: ignore[arg-type]
+            slots=FaultySlots(self.slots, self.faults),  # type: ignore[arg-type]
         )
         self.consumer = Consumer(
             work=self.sequencer,
@@ -223,6 +236,9 @@ class World:
             busy_retry_s=BUSY_RETRY_S,
             metrics=WorkerMetrics(CollectorRegistry()),
             user=WORKER_USER,
+            tenants=Tenants(enabled=True, users={PUBLISHER: DEFAULT}, trusted={WORKER_USER}),
+            intake=self.intake,
+            lanes=frozenset({DEFAULT}),
         )
 
     def clock(self) -> float:
@@ -252,8 +268,11 @@ class World:
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             headers={t.H_KIND: kind},
             message_id=message_id or None,
+            user_id=PUBLISHER,
         )
-        self.bag.append(Message(Published(t.TURNS_QUEUE, body, props, True), at=self.now))
+        # as the client acting for its tenant: through the intake, into the tenant's queue
+        lane = Published(t.intake_key(DEFAULT), body, props, True, t.INTAKE_EXCHANGE)
+        self.bag.append(Message(lane, at=self.now))
 
     def publish_turn(self, request: TurnRequest) -> None:
         self.publish(encode(request), t.KIND_START, request.turn_id)
@@ -293,7 +312,7 @@ class World:
 
     def _route(self, published: list[Published]) -> None:
         for p in published:
-            if p.routing_key == t.TURNS_QUEUE:
+            if p.routing_key == t.TURNS_QUEUE or p.exchange == t.INTAKE_EXCHANGE:
                 self.bag.append(Message(p, at=self.now))
             elif p.routing_key == t.RETRY_QUEUE:  # back after the retry delay
                 self.bag.append(Message(p, due=self.now + BUSY_RETRY_S, at=self.now))
