@@ -17,9 +17,11 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aio_pika
+import aiormq
 from aio_pika.abc import (
     AbstractChannel,
     AbstractConnection,
@@ -200,17 +202,55 @@ async def wait_until(
 
 
 def ensure_test_vhost() -> None:
-    """The suites' own vhost, created when missing (``rabbitmqctl``, as root or the broker's
-    user): the tests purge the turn queues, so they never share a vhost with a running
-    loopwire. ``LOOPWIRE_TEST_AMQP_URL`` names another broker or vhost, set up beforehand."""
-    if os.environ.get("LOOPWIRE_TEST_AMQP_URL") or shutil.which("rabbitmqctl") is None:
+    """The suites' own vhost, created when missing: the tests purge the turn queues, so they
+    never share a vhost with a running loopwire. ``LOOPWIRE_TEST_AMQP_URL`` names another
+    broker or vhost, set up beforehand."""
+    if os.environ.get("LOOPWIRE_TEST_AMQP_URL"):
         return
-    subprocess.run(
-        ["rabbitmqctl", "-q", "add_vhost", TEST_VHOST], capture_output=True, timeout=60
-    )  # exists already: fine
-    subprocess.run(
-        ["rabbitmqctl", "-q", "set_permissions", "-p", TEST_VHOST, "guest", ".*", ".*", ".*"],
-        capture_output=True,
-        timeout=60,
-        check=True,
-    )
+    ensure_vhost(TEST_VHOST)
+
+
+def ensure_vhost(vhost: str, user: str = "guest", password: str = "guest") -> None:
+    """``vhost`` on the local broker, open to ``user``. One that ``user`` can open already
+    needs nothing more (the broker's CLI is not asked: its Erlang distribution may be
+    unreachable while AMQP works). Otherwise ``rabbitmqctl`` (as root or the broker's user)
+    creates it and grants ``user`` everything in it, tried three times; a vhost that still
+    does not open raises ``RuntimeError`` with what the CLI said."""
+    url = f"amqp://{user}:{password}@127.0.0.1:5672/{vhost}"
+    if _opens(url):
+        return
+    tool = shutil.which("rabbitmqctl")
+    if tool is None:
+        raise RuntimeError(f"vhost {vhost} does not open and rabbitmqctl is not installed")
+    said = ""
+    for attempt in range(3):
+        if attempt:
+            time.sleep(5)
+        try:
+            subprocess.run([tool, "-q", "add_vhost", vhost], capture_output=True, timeout=60)
+            granted = subprocess.run(
+                [tool, "-q", "set_permissions", "-p", vhost, user, ".*", ".*", ".*"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            said = " ".join((granted.stderr or granted.stdout).split())[:400]
+        except subprocess.TimeoutExpired:
+            said = "rabbitmqctl did not answer within 60 s"
+        if _opens(url):
+            return
+    raise RuntimeError(f"vhost {vhost} could not be set up for {user}: {said}")
+
+
+def _opens(url: str) -> bool:
+    """Whether an AMQP connection to ``url`` opens (within 10 s), on a thread of its own so
+    that it works inside or outside a running event loop."""
+
+    async def probe() -> bool:
+        try:
+            connection = await asyncio.wait_for(aiormq.connect(url), 10)
+        except Exception:
+            return False
+        await connection.close()
+        return True
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, probe()).result()

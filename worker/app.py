@@ -3,6 +3,10 @@
 On SIGTERM or SIGINT it stops consuming, gives the steps in hand ``grace_s`` to
 finish, then cancels what is left: those messages were never acked, so the
 broker redelivers them and another worker redoes the step from the last save.
+Shutdown has a hard deadline (``grace_s`` plus ``SHUTDOWN_SLACK_S``): a broker or Redis
+that stops answering mid-shutdown (a deleted user, a half-open socket) cannot keep the
+process alive after SIGTERM; past the deadline it logs what it was waiting for and exits
+with status 1, and its unacknowledged steps are redone elsewhere as after a crash.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -381,10 +387,14 @@ def main() -> int:
         log.error("%s", exc)
         return 2
 
+    def stop() -> None:
+        worker.stop()
+        _exit_after(settings.grace_s + SHUTDOWN_SLACK_S)
+
     async def runner() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+            loop.add_signal_handler(sig, stop)
         loop.add_signal_handler(signal.SIGHUP, worker.reload)
         await worker.run()
 
@@ -405,6 +415,33 @@ def main() -> int:
         log.error("%s", exc)
         return 1
     return 0
+
+
+SHUTDOWN_SLACK_S = 15.0
+"""What shutdown may take beyond ``grace_s`` (closing connections, flushing traces)."""
+
+
+def _exit_after(seconds: float) -> None:
+    """Arm the shutdown deadline once: a daemon thread that, if the process is still alive
+    after ``seconds``, logs every thread's stack and ends the process with status 1."""
+    if getattr(_exit_after, "armed", False):
+        return
+    _exit_after.armed = True  # type: ignore[attr-defined]
+
+    def expire() -> None:
+        frames = sys._current_frames()
+        stacks = "".join(
+            f"\n-- thread {ident}\n" + "".join(traceback.format_stack(frame))
+            for ident, frame in frames.items()
+        )
+        log.error("shutdown did not finish within %g s; exiting%s", seconds, stacks)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
 
 
 @dataclass(frozen=True, slots=True)
