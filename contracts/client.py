@@ -232,10 +232,17 @@ class LoopwireClient:
         *,
         session_id: str | None = None,
         by: str | None = None,
+        rollback: bool = False,
     ) -> None:
-        """Cancel a turn by its id (``turn.cancel``); naming its session saves a lookup."""
+        """Cancel a turn by its id (``turn.cancel``); naming its session saves a lookup.
+        ``rollback``: its messages are removed from the session's history as it ends."""
         cancel = TurnCancel(
-            turn_id=turn_id, session_id=session_id, reason=reason, by=by, at=time.time()
+            turn_id=turn_id,
+            session_id=session_id,
+            reason=reason,
+            by=by,
+            at=time.time(),
+            rollback=rollback,
         )
         await publish_control(self.requests, t.KIND_CANCEL, cancel)
 

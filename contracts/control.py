@@ -43,6 +43,11 @@ class TurnCancel(Contract):
     reason: str = Field(default="cancelled", min_length=1, max_length=120)
     by: str | None = Field(default=None, max_length=200, description="Who asked (for the log).")
     at: float | None = Field(default=None, description="When it was asked (Unix time).")
+    rollback: bool = Field(
+        default=False,
+        description="Also remove the turn's messages from the session's history, in the same "
+        "write that ends it; a turn that has ended already keeps them.",
+    )
 
 
 Verdict = Literal["approve", "reject", "edit"]

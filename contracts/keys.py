@@ -28,7 +28,8 @@ def session_state(session_id: str) -> str:
 
 
 def session_history(session_id: str) -> str:
-    """List of msgpack ``ChatMessage``: the session's history, append-only."""
+    """List of msgpack ``ChatMessage``: the session's history, appended to (cut back only by
+    a cancel with rollback)."""
     return f"{PREFIX}:{{{scoped(session_id)}}}:history"
 
 

@@ -215,12 +215,16 @@ class RunRoutes(Routes):
     async def cancel_run(self, request: Request, call: Call) -> Response:
         thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
         action = request.query_params.get("action", "interrupt")
-        if action != "interrupt":
-            raise RunError(422, f"cancel action {action!r} is not supported (interrupt)")
+        if action not in ("interrupt", "rollback"):
+            raise RunError(422, f"cancel action {action!r} is not one of interrupt, rollback")
         if await call.client.sessions.turn(run_id, thread_id) is None:
             return error(404, f"no run {run_id} in thread {thread_id}")
         await call.client.cancel(
-            run_id, "cancelled over HTTP", session_id=thread_id, by=call.key.name
+            run_id,
+            "cancelled over HTTP",
+            session_id=thread_id,
+            by=call.key.name,
+            rollback=action == "rollback",
         )
         if request.query_params.get("wait") in ("1", "true"):
             await runs.follow(call.client, thread_id, run_id, self.wait_timeout_s)

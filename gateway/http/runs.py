@@ -3,8 +3,9 @@ in the thread's session.
 
 - ``start``: the request's checks (the assistant, the input, ``multitask_strategy``: ``enqueue``
   waits behind the thread's running run, ``reject`` refuses while one runs, ``interrupt``
-  cancels it first: the session runs the new turn once the cancelled one has ended), then the
-  turn, published; the handle follows its events.
+  cancels it first, ``rollback`` cancels it and removes its messages from the thread: the
+  session runs the new turn once the cancelled one has ended, so it sees the thread as the
+  cancel left it), then the turn, published; the handle follows its events.
 - ``subscribed``: the run's events from now on (``streams.py`` makes them a stream).
 - ``follow``: the end of a run started elsewhere (another request, another replica): its
   events are subscribed to before its stored result is read, so an end between the two is
@@ -34,7 +35,7 @@ from gateway.http.errors import RunError
 
 FINAL_EVENTS = frozenset({"turn.completed", "turn.failed", "turn.cancelled", "turn.rejected"})
 STREAM_MODES = frozenset({"values", "updates", "messages-tuple", "messages"})
-STRATEGIES = ("enqueue", "reject", "interrupt")
+STRATEGIES = ("enqueue", "reject", "interrupt", "rollback")
 PAGE = 1000
 
 
@@ -74,13 +75,20 @@ async def start(
     metadata = body.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise RunError(422, "metadata must be an object")
-    if strategy in ("reject", "interrupt"):
+    if strategy != "enqueue":
         summary = await client.sessions.get(thread_id)
         running = summary.running if summary is not None else None
         if running is not None and strategy == "reject":
             raise RunError(409, f"thread {thread_id} has a run in progress ({running})")
-        if running is not None:  # it ends, what it did stays; the new run starts after it
-            await client.cancel(running, "interrupted by a new run", session_id=thread_id)
+        if running is not None:  # it ends (its messages kept, or not); the new run follows
+            await client.cancel(
+                running,
+                "interrupted by a new run"
+                if strategy == "interrupt"
+                else "rolled back for a new run",
+                session_id=thread_id,
+                rollback=strategy == "rollback",
+            )
     wants_text = "messages-tuple" in stream_modes(body.get("stream_mode")) or None
     return await client.start_turn(
         str(assistant),

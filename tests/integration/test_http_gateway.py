@@ -472,6 +472,51 @@ async def test_a_run_sent_while_another_runs_waits_is_refused_or_interrupts_it(
     assert (await client.runs.get(thread_id, slow["run_id"]))["status"] == "interrupted"
 
 
+async def test_a_rolled_back_run_leaves_the_thread_as_it_was_for_the_next_and_for_a_reader(
+    sdk: Any, scripted_model: ScriptedModel
+) -> None:
+    """``multitask_strategy="rollback"``: the running run is cancelled and its messages removed
+    before the new run starts (the model never sees them); cancel with ``action=rollback``
+    does the same for a run on its own; the rolled-back runs stay listed as interrupted."""
+    client = sdk
+    asked = asyncio.Event()
+    release = asyncio.Event()
+    seen: list[list[str]] = []
+
+    async def answer(body: dict[str, Any]) -> Reply:
+        said = [str(m.get("content")) for m in body["messages"] if m["role"] != "system"]
+        seen.append(said)
+        if said[-1].startswith("slow"):
+            asked.set()
+            await release.wait()
+            return Reply.text("slow answer")
+        return Reply.text(f"{said[-1]} answered")
+
+    scripted_model.respond_with(answer)
+    thread_id = (await client.threads.create())["thread_id"]
+    try:
+        await client.runs.wait(thread_id, "support", input={"messages": ["hello"]})
+        slow = await client.runs.create(thread_id, "support", input={"messages": ["slow 1"]})
+        await asyncio.wait_for(asked.wait(), 20)
+        values = await client.runs.wait(
+            thread_id, "support", input={"messages": ["quick"]}, multitask_strategy="rollback"
+        )
+        kept = ["hello", "hello answered", "quick", "quick answered"]
+        assert [m["content"] for m in values["messages"]] == kept
+        assert seen[-1] == ["hello", "hello answered", "quick"]  # no trace of "slow 1"
+        assert (await client.runs.get(thread_id, slow["run_id"]))["status"] == "interrupted"
+
+        asked.clear()
+        alone = await client.runs.create(thread_id, "support", input={"messages": ["slow 2"]})
+        await asyncio.wait_for(asked.wait(), 20)
+        await client.runs.cancel(thread_id, alone["run_id"], wait=True, action="rollback")
+        state = await client.threads.get_state(thread_id)
+        assert [m["content"] for m in state["values"]["messages"]] == kept
+        assert (await client.runs.get(thread_id, alone["run_id"]))["status"] == "interrupted"
+    finally:
+        release.set()
+
+
 async def test_a_stream_rejoined_after_its_run_ended_gets_the_rest_of_the_answer(
     sdk: Any, scripted_model: ScriptedModel
 ) -> None:

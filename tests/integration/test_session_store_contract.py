@@ -199,6 +199,35 @@ async def test_a_persist_false_turn_leaves_the_history_as_it_was(
     await store.release(after)
 
 
+@pytest.mark.parametrize("earlier", [0, 1])
+async def test_a_result_saved_with_cut_to_cuts_the_history_back_in_the_same_write(
+    store: SessionStore, uid: str, earlier: int
+) -> None:
+    """A cancel with rollback: the turn's messages go in the save that ends it (cut back to
+    nothing when the turn was the session's first)."""
+    requests = [turn(uid, n) for n in range(1, earlier + 2)]
+    for request in requests:
+        await store.accept(request)
+    for request in requests[:-1]:
+        await finish(await take(store, f"s-{uid}"), request, "kept answer")
+    rolled = requests[-1]
+    session = await take(store, f"s-{uid}")
+    state = new_execution(session.take_state(), rolled, AGENT, time.time())
+    start = state.history_len
+    state = await session.save(state, append=[m.to_chat() for m in rolled.input])
+    state = await session.save(state, append=[ChatMessage(role="assistant", content="half")])
+    result = turn_result(state, "cancelled", "half", None, time.time())
+    final = closed(state, appended=0, now=time.time()).model_copy(update={"history_len": start})
+    await session.save(final, result=result, cut_to=start)
+    after = await take(store, f"s-{uid}")
+    read = after.take_state()
+    assert read is not None and read.history_len == start == 2 * earlier
+    kept = [m.content for m in await after.load_messages(read)]
+    assert kept == ["question 1", "kept answer"][: 2 * earlier]
+    assert await store.result(f"s-{uid}", rolled.turn_id) == result
+    await store.release(after)
+
+
 async def test_a_copy_published_while_the_turn_runs_is_answered_too(
     store: SessionStore, uid: str
 ) -> None:

@@ -1288,11 +1288,12 @@ class CrashingStore(MemoryStore):
         result: TurnResult | None = None,
         release: bool = False,
         step: StepExecution | None = None,
+        cut_to: int | None = None,
     ) -> AgentState:
         self.saves += 1
         if self.saves == self.crash_on:
             raise Crash(f"worker died at save #{self.saves}")
-        return await super().save(state, append=append, result=result, step=step)
+        return await super().save(state, append=append, result=result, step=step, cut_to=cut_to)
 
 
 # Saves of a turn with one step of two tool calls (the second call finishes first) and a final

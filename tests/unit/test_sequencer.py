@@ -585,6 +585,35 @@ async def test_cancel_between_steps_ends_the_turn_before_the_next_model_call(rig
     assert await rig.lease_is_free()
 
 
+async def test_cancel_with_rollback_removes_the_turns_messages_and_the_next_turn_never_sees_them(
+    rig: Rig,
+) -> None:
+    rig.script(answers("Order 42 ships today."))
+    await rig.sequencer.on_request(request("t1"))
+    await rig.sequencer.on_step(work("t1", 0))
+    before = list(rig.store.histories[SESSION])
+    rig.script(calls_lookup("Looking it up."))
+    await rig.sequencer.on_request(request("t2"))
+    assert await rig.sequencer.on_step(work("t2", 0)) == [kick("t2", 1)]
+    assert len(rig.store.histories[SESSION]) > len(before)  # its input, the call, its result
+
+    rolled_back = cancel("t2").model_copy(update={"rollback": True})
+    assert await rig.sequencer.on_cancel(rolled_back) == []
+    result = replied(await rig.sequencer.on_step(work("t2", 1)))
+
+    assert (result.finish_reason, result.stopped_by, result.steps) == ("cancelled", "user left", 1)
+    assert rig.store.histories[SESSION] == before
+    assert rig.store.states[SESSION].history_len == len(before)
+    assert len(rig.store.steps[(SESSION, "t2")]) == 1  # its record stays
+    rig.script(answers("Anything else?"))
+    await rig.sequencer.on_request(request("t3"))
+    await rig.sequencer.on_step(work("t3", 0))
+    seen = [m.content for m in rig.model.requests[-1].messages]
+    assert "Looking it up." not in seen
+    assert seen.count("Where is order 42?") == 2  # t1's input and t3's, not t2's
+    assert "Order 42 ships today." in seen
+
+
 async def test_cancel_of_the_head_before_its_first_step_never_calls_the_model(rig: Rig) -> None:
     await rig.sequencer.on_request(request("t1"))
     await rig.sequencer.on_request(request("t2"))

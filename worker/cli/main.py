@@ -209,6 +209,7 @@ def _turns(args: argparse.Namespace, where: Connection) -> int:
                 session=args.session,
                 by=args.by,
                 tenant=where.tenant,
+                rollback=args.rollback,
             )
         )
     return asyncio.run(

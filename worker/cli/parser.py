@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--reason", default="cancelled", help="why (the result's stopped_by)")
     cancel.add_argument("--session", default=None, help="its session id (saves a lookup)")
     cancel.add_argument("--by", default=None, help="who asks (for the log)")
+    cancel.add_argument(
+        "--rollback",
+        action="store_true",
+        help="also remove the turn's messages from its session's history",
+    )
 
     approvals = _add(sub, "approvals", help="list the tool calls waiting for a decision")
     approvals.add_argument("--json", action="store_true", help="JSON lines instead of text")

@@ -211,6 +211,7 @@ async def run_cancel_command(
     session: str | None,
     by: str | None,
     tenant: str | None = None,
+    rollback: bool = False,
 ) -> int:
     """Publish a ``turn.cancel``; the turn's own publisher gets its result."""
     arguments.safe_id(turn_id, "TURN_ID")
@@ -223,7 +224,9 @@ async def run_cancel_command(
         raise arguments.bad_field(exc, options, "the cancel") from None
     async with connect(amqp_url, tls, tenant) as client:
         await ensure_unfinished(client, turn_id, session, "cancel")
-        await client.cancel(cancel.turn_id, cancel.reason, session_id=cancel.session_id, by=by)
+        await client.cancel(
+            cancel.turn_id, cancel.reason, session_id=cancel.session_id, by=by, rollback=rollback
+        )
     sys.stdout.write(f"cancel of turn {turn_id} published\n")
     return EXIT_OK
 

@@ -329,6 +329,7 @@ class Loop(Completion):
         step: StepExecution | None = None,
         invoked: Sequence[ToolExecution] = (),
         output: Any = None,
+        rollback: bool = False,
     ) -> Finished:
         """End the turn: the one path every ending takes — the model answered, the iteration
         cap, a hook's stop, the deadline, a failed model call, and a step that can never
@@ -338,10 +339,15 @@ class Loop(Completion):
         ``step.completed`` for the step that ended it, if any, and the turn's end. A turn ended
         while its step's tool calls were out gets a tool message for each of them in the history
         (the saved result, or an error saying it was not run), so that the conversation the
-        model sees next stays well-formed."""
+        model sees next stays well-formed. ``rollback`` (a cancel that asked for it): what the
+        turn added to the history is removed in the same save, its messages and records of
+        steps otherwise kept as for any ended turn."""
         ex = turn_of(state)
         orphans = unanswered_children(state)
-        if ex.pending is not None and agent.workflow is None:
+        rollback = rollback and ex.request.persist
+        if rollback:
+            append = ()
+        elif ex.pending is not None and agent.workflow is None:
             # ended mid-step: no call in the history without its result (a workflow's calls
             # are not in its history)
             append = (*append, *unanswered(ex.pending, reason))
@@ -358,11 +364,17 @@ class Loop(Completion):
             log.exception("after_execution hook failed for turn %s", ex.turn_id)
         persist = ex.request.persist
         final = closed(state, appended=len(append) if persist else 0, now=now)
+        if rollback:
+            final = final.model_copy(update={"history_len": ex.history_start})
         if step is not None:  # its events can be announced again with the end
             ended = ended_step(ex.turn_id, step, invoked)
             final = final.model_copy(update={"ended_step": ended})
         saved = await self.store.save(
-            final, append=append if persist else (), result=result, step=step
+            final,
+            append=append if persist else (),
+            result=result,
+            step=step,
+            cut_to=ex.history_start if rollback else None,
         )
         if self.ledger is not None and not agent.daily_budget.empty:
             await self.ledger.add_spent(ex.request.agent, own_spend(ex, now))

@@ -85,6 +85,7 @@ class Gates:
         step: StepExecution | None = None,
         invoked: Sequence[ToolExecution] = (),
         output: Any = None,
+        rollback: bool = False,
     ) -> Finished:
         """The turn's one ending (``Loop.end``)."""
         raise NotImplementedError

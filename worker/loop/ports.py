@@ -142,8 +142,13 @@ class StateStore(Protocol):
         result: TurnResult | None = None,
         release: bool = False,
         step: StepExecution | None = None,
+        cut_to: int | None = None,
     ) -> AgentState:
         """Write ``state`` if nobody wrote since it was loaded; append this turn's new messages.
+
+        ``cut_to`` (with a ``result``: a turn cancelled with rollback): the session's history
+        is cut back to its first ``cut_to`` messages in the same atomic write, removing what
+        the turn added.
 
         ``step``: the record of the step this save completes, appended once to the turn's
         step list in the same atomic write (the state counts it: a redone save is refused as

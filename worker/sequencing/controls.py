@@ -316,7 +316,9 @@ class Controls:
             state = new_execution(state, request, profile, self.clock())
         loop = self.loop_factory(session, profile, False)
         content = ex.last_content if ex else None
-        finished = await loop.end(_cancelled(state, cancel), profile, "cancelled", content)
+        finished = await loop.end(
+            _cancelled(state, cancel), profile, "cancelled", content, rollback=cancel.rollback
+        )
         await self._unlist(ex)
         return await self._finished(finished, request, session)
 

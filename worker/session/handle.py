@@ -188,6 +188,7 @@ class SessionHandle:
         result: TurnResult | None = None,
         release: bool = False,
         step: StepExecution | None = None,
+        cut_to: int | None = None,
     ) -> AgentState:
         sid = state.session_id
         ex = state.execution
@@ -213,6 +214,7 @@ class SessionHandle:
             len(appended),
             *appended,
             *_counted(call_keys(state)),
+            "" if cut_to is None else cut_to,
         ]
         result_key = keys.turn_result(sid, turn_id) if result else keys.turn_result(sid, "_")
         try:

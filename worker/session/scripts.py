@@ -104,7 +104,9 @@ return 0
 #       (on one Redis; on a cluster it is renewed beside the script)]
 # ARGV: token, expected_version, state_blob, release lease(0/1), ttl_s, result_blob|'', turn_id,
 #       parked, step_record|'', n, msg..., m, call... (the idempotency keys of the tool calls the
-#       step's model answer asked for, added to ``calls``)
+#       step's model answer asked for, added to ``calls``), cut_to|''
+# ``cut_to`` (a turn cancelled with rollback, with its result): ``history`` is cut back to its
+# first ``cut_to`` messages.
 # ``list`` is where the messages go (the history, or a persist: false turn's own list, which
 # ``transient`` names and a result deletes; ``history`` is the session's, kept alive either
 # way). ``step_record``: the record of the step this save completes, appended to the turn's
@@ -127,6 +129,11 @@ local n = tonumber(ARGV[10])
 if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 11, 10 + n)) end
 local m = tonumber(ARGV[11 + n] or '0')
 if m > 0 then redis.call('SADD', KEYS[13], unpack(ARGV, 12 + n, 11 + n + m)) end
+local cut = ARGV[12 + n + m]
+if cut and cut ~= '' then
+  if tonumber(cut) > 0 then redis.call('LTRIM', KEYS[12], 0, tonumber(cut) - 1)
+  else redis.call('DEL', KEYS[12]) end
+end
 local waiting = 0
 local cancel = redis.call('HGET', KEYS[10], 'cancel')
 if ARGV[8] == '-' then

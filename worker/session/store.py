@@ -5,7 +5,7 @@ Layout (keys from ``contracts.keys``, all under the session's hash tag):
 - ``state``: hash ``{v: version, s: AgentState}``, JSON without the fields at their defaults
   (``encode_stored``); msgpack, as earlier versions wrote it, is read too, and written with
   ``state_format="msgpack"`` while workers of those versions still run;
-- ``history``: list of msgpack messages (append-only), ``turn:<id>:messages``
+- ``history``: list of msgpack messages (appended to; a cancel with rollback cuts it back), ``turn:<id>:messages``
   the same for a ``persist: false`` turn;
 - ``lease`` / ``fence``: the fencing token of the worker running a step, and
   the counter that hands out tokens (strictly increasing; erasing the session keeps it);

@@ -311,8 +311,9 @@ class MemoryStore(SaveScript, MemoryFleetLists):
         result: TurnResult | None = None,
         release: bool = False,
         step: StepExecution | None = None,
+        cut_to: int | None = None,
     ) -> AgentState:
-        saved, _ = self._write(state, append, result, step)
+        saved, _ = self._write(state, append, result, step, cut_to)
         return saved
 
     # -- shared by both ---------------------------------------------------------------
@@ -370,6 +371,7 @@ class MemorySession:
         result: TurnResult | None = None,
         release: bool = False,
         step: StepExecution | None = None,
+        cut_to: int | None = None,
     ) -> AgentState:
         if not self.store._holds(self):
             raise StaleStateError(f"session {self.session_id}: lease lost")
@@ -380,7 +382,7 @@ class MemorySession:
         cancel = self.store.controls.get(key, {}).get("cancel")
         if result is None and isinstance(cancel, TurnCancel) and self.cancel is None:
             self.cancel = cancel  # as the save script reads it
-        saved, head = self.store._write(state, append, result, step)
+        saved, head = self.store._write(state, append, result, step, cut_to)
         self._mark_parked(state)
         if result is not None:
             self.next_turn = head

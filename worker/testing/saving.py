@@ -33,9 +33,10 @@ class SaveScript(ExpiryRules):
         append: Sequence[ChatMessage],
         result: TurnResult | None,
         step: StepExecution | None = None,
+        cut_to: int | None = None,
     ) -> tuple[AgentState, str | None]:
-        """The save script: the state on its version, the messages, the step's record, and a
-        turn's end."""
+        """The save script: the state on its version, the messages, the step's record, the
+        history cut back (``cut_to``: a rollback), and a turn's end."""
         self.keys.sweep()
         sid = state.session_id
         stored = self.states.get(sid)
@@ -54,6 +55,11 @@ class SaveScript(ExpiryRules):
             record = read_stored(encode(step.stored()), StepExecution)
             self.steps.setdefault((sid, turn_id), []).append(record)
             self._expire(keys.turn_steps(sid, turn_id), self._pop(self.steps, (sid, turn_id)))
+        if cut_to is not None and sid in self.histories:
+            del self.histories[sid][cut_to:]
+            if not self.histories[sid]:  # as Redis deletes an emptied list
+                del self.histories[sid]
+                self.keys.deleted(keys.session_history(sid))
         if result is not None:
             head = self._end(sid, result)
             self._index_lives(result.turn_id, self.ttl_s)

@@ -61,6 +61,8 @@ def _checks() -> tuple[Callable[[World, Record], list[str]], ...]:
         _children_heard,
         _children_announced,
         _cancels_applied,
+        _rollbacks_applied,
+        _history_counted,
         _approvals,
         _approved_children,
         _decisions_applied,
@@ -251,6 +253,37 @@ def _cancels_applied(world: World, record: Record) -> list[str]:
         f"turn {turn} was cancelled while it ran but ended {results[turn].finish_reason}"
         for turn in sorted(record.cancels)
         if turn in results and results[turn].finish_reason != "cancelled"
+    ]
+
+
+ROLLBACK = "rollback"
+"""The reason of the schedules' cancels that ask for a rollback: a result stopped by it was
+ended by such a cancel (the first cancel recorded for a turn is the one that ends it)."""
+
+
+def _rollbacks_applied(world: World, record: Record) -> list[str]:
+    """A turn ended by a cancel with rollback left nothing in its session's history: not its
+    input, not what it added (checked for turns that started once: an id reused after the
+    session's records lapsed names another turn)."""
+    events = _by_turn(world)
+    broken = []
+    for (session, turn), result in _results(world).items():
+        if result.finish_reason != "cancelled" or result.stopped_by != ROLLBACK:
+            continue
+        if sum(e.type == "turn.started" for e in events[session, turn]) != 1:
+            continue
+        question = f"question {turn}"
+        if any(m.content == question for m in world.memory.histories.get(session, [])):
+            broken.append(f"turn {(session, turn)} was rolled back but its input stayed")
+    return broken
+
+
+def _history_counted(world: World, record: Record) -> list[str]:
+    """The state counts every message of its session's history (a rollback cuts both)."""
+    return [
+        f"session {sid}: state counts {state.history_len} messages, history holds {held}"
+        for sid, state in world.memory.states.items()
+        if (held := len(world.memory.histories.get(sid, []))) != state.history_len
     ]
 
 

@@ -28,7 +28,7 @@ from contracts import topology as t
 from contracts.codec import decode, encode, encode_obj
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
 from contracts.turns import InputMessage, TurnParent, TurnRequest, TurnResult
-from tests.unit.simulation.invariants import FORGED, Record, check
+from tests.unit.simulation.invariants import FORGED, ROLLBACK, Record, check
 from tests.unit.simulation.world import (
     AGENTS,
     APPROVAL_TIMEOUT_S,
@@ -87,9 +87,19 @@ class Simulation(RuleBasedStateMachine):
         self.record.requests.append(request)
         self.world.publish_turn(request)
 
-    @rule(session=st.sampled_from(SESSIONS), turn=st.sampled_from(TURN_IDS))
-    def cancel(self, session: str, turn: str) -> None:
-        cancel = TurnCancel(turn_id=turn, session_id=session, reason="user")
+    @rule(
+        session=st.sampled_from(SESSIONS),
+        turn=st.sampled_from(TURN_IDS),
+        rollback=st.booleans(),
+    )
+    def cancel(self, session: str, turn: str, rollback: bool = False) -> None:
+        """A publisher cancels a turn, keeping what it did or rolling it back."""
+        cancel = TurnCancel(
+            turn_id=turn,
+            session_id=session,
+            reason=ROLLBACK if rollback else "user",
+            rollback=rollback,
+        )
         self.world.publish(encode(cancel), t.KIND_CANCEL)
 
     @rule(pick=st.integers(0, 7), verdict=st.sampled_from(("approve", "reject", "edit")))
