@@ -70,6 +70,30 @@ def test_an_amqp_url_that_is_no_url_is_refused_before_or_after_the_command(where
     )
 
 
+@pytest.mark.parametrize(
+    "command", [("worker",), ("tools", "serve", "calculator"), ("demo",), ("gateway", "serve")]
+)
+@pytest.mark.parametrize("option", ["--amqp-url", "--redis-url"])
+def test_a_started_process_names_the_option_it_cannot_use(
+    command: tuple[str, ...], option: str
+) -> None:
+    out = run(*command, option, "notaurl")
+    assert out.returncode == 2
+    assert one_line(out).startswith(f"error: {option}: not a")
+
+
+def test_the_gateway_uses_the_redis_given_on_the_command_line(tmp_path: Path) -> None:
+    keys, agents = tmp_path / "keys.json", tmp_path / "agents.json"
+    keys.write_text(json.dumps({"keys": [{"name": "ops", "sha256": "0" * 64}]}))
+    agents.write_text(json.dumps({"agents": [{"name": "support", "tools": []}]}))
+    out = run(
+        "gateway", "serve", "--keys-file", str(keys), "--agents-file", str(agents),
+        "--redis-url", "redis://127.0.0.1:1/0",
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "127.0.0.1:1" in one_line(out)
+
+
 @pytest.mark.parametrize("where", ["before", "after"])
 @pytest.mark.parametrize("command", [("turn", "hi"), ("approvals",), ("tail",), ("dlq", "list")])
 def test_a_tenant_that_is_no_tenant_name_is_refused_before_or_after_the_command(
@@ -185,6 +209,26 @@ def test_output_cut_short_by_a_closed_pipe_is_quiet(args: tuple[str, ...]) -> No
         code = proc.wait(60)
         assert proc.stderr.read() == ""
     assert code == 141
+
+
+def test_a_misspelt_setting_hides_no_other_problem_of_its_agent_or_workflow(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "agents.json"
+    agent = {"name": "a", "colour": "red", "provider": "ghost", "agents": [{"agent": "nobody"}]}
+    flow = {"name": "w", "kind": "sequential", "colour": 1, "nodes": [{"run": "gone"}]}
+    calls_a = {"name": "b", "agents": [{"agent": "a"}]}
+    path.write_text(json.dumps({"agents": [agent, calls_a], "workflows": [flow]}))
+    out = run("agents", "check", str(path))
+    assert out.returncode == 2
+    problems = [line.strip() for line in out.stderr.splitlines()[1:]]
+    assert problems == [
+        "- agent 'a': colour: unknown setting (a misspelling?)",
+        "- workflow 'w': colour: unknown setting (a misspelling?)",
+        "- agent 'a' calls 'nobody', which is not defined",
+        "- workflow 'w': node 'gone' runs 'gone', which is neither an agent nor a workflow",
+        "- agent 'a' names provider 'ghost', which is not configured (configured: default)",
+    ]
 
 
 def test_agents_check_lists_every_problem_of_a_file_in_one_pass(tmp_path: Path) -> None:

@@ -813,7 +813,7 @@ class Recorder(Hook):
         return execution
 
 
-async def test_hooks_are_called_at_all_eight_points(
+async def test_hooks_are_called_at_every_point_but_needs_approval_in_order(
     scripted_model: ScriptedModel, make_model: MakeModel
 ) -> None:
     scripted_model.expect(Reply.tool_calls(call("lookup", "c1")))

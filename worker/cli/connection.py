@@ -93,24 +93,29 @@ def connection(args: argparse.Namespace) -> Connection:
     given_tenant = getattr(args, "tenant", None)
     if given_tenant is not None:
         arguments.safe_id(given_tenant, "--tenant")
-    amqp_url = settings.amqp_urls or settings.amqp_url
-    given = getattr(args, "amqp_url", None)
-    if given is not None:
-        amqp_url = _amqp_urls(given)
-    redis_url = settings.redis_url
-    if getattr(args, "redis_url", None) is not None:
-        try:
-            redis_url = redis_client.check_url(args.redis_url)
-        except ValueError as exc:
-            raise CliError(f"--redis-url: {exc}", exits.USAGE) from None
+    given_amqp, given_redis = checked_options(args)
     return Connection(
-        amqp_url=amqp_url,
-        redis_url=redis_url,
+        amqp_url=given_amqp or settings.amqp_urls or settings.amqp_url,
+        redis_url=given_redis or settings.redis_url,
         redis_cluster=bool(getattr(args, "redis_cluster", False) or settings.redis_cluster),
         amqp_tls=settings.amqp_tls,
         redis_tls=settings.redis_tls,
         tenant=settings.tenant if given_tenant is None else given_tenant,
     )
+
+
+def checked_options(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--amqp-url`` and ``--redis-url`` as given (``None``: not given), each checked as the
+    settings check the variables; one that cannot be used is refused naming the option."""
+    given = getattr(args, "amqp_url", None)
+    amqp_url = None if given is None else _amqp_urls(given)
+    redis_url = getattr(args, "redis_url", None)
+    if redis_url is not None:
+        try:
+            redis_url = redis_client.check_url(redis_url)
+        except ValueError as exc:
+            raise CliError(f"--redis-url: {exc}", exits.USAGE) from None
+    return amqp_url, redis_url
 
 
 def _amqp_urls(value: str) -> str:

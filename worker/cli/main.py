@@ -142,6 +142,7 @@ def _without_connection(args: argparse.Namespace) -> int | None:
     if args.command == "gateway":
         from worker.cli.gateway import run_gateway_command
 
+        _export(args)  # the gateway's settings read them
         return run_gateway_command(args)
     if args.command == "schema":
         from contracts.schema import write_schemas
@@ -159,11 +160,15 @@ def _without_connection(args: argparse.Namespace) -> int | None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    """The connection options given, as the variables a started process reads."""
-    if getattr(args, "amqp_url", None) is not None:
-        os.environ["LOOPWIRE_AMQP_URLS"] = args.amqp_url
-    if getattr(args, "redis_url", None) is not None:
-        os.environ["LOOPWIRE_REDIS_URL"] = args.redis_url
+    """The connection options given, as the variables a started process reads (checked
+    first, so that a bad one is refused naming the option, not the variable)."""
+    from worker.cli.connection import checked_options
+
+    amqp_url, redis_url = checked_options(args)
+    if amqp_url is not None:
+        os.environ["LOOPWIRE_AMQP_URLS"] = amqp_url
+    if redis_url is not None:
+        os.environ["LOOPWIRE_REDIS_URL"] = redis_url
     if getattr(args, "redis_cluster", False):
         os.environ["LOOPWIRE_REDIS_CLUSTER"] = "true"
 

@@ -78,7 +78,7 @@ class Continuation:
 
 
 class Hook:
-    """Base hook: override any of the eight points."""
+    """Base hook: override any of the nine points."""
 
     name = "hook"
     changes_answer = True

@@ -10,6 +10,7 @@ a worker that cannot load the file logs them all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Iterable
@@ -54,11 +55,12 @@ def problems(path: Path, providers: Iterable[str], redaction: Redaction | None =
     found += [f"{name!r} is both an agent and a workflow" for name in sorted(both, key=str)]
     by_name = {a.name: a for a in agents}
     flow_names = {w.name: w for w in flows}
+    defined = {_name(i) for i in [*data["agents"], *flows_data]} - {None}
     found += [
         f"agent {a.name!r} calls {s.agent!r}, which is not defined"
         for a in agents
         for s in a.agents
-        if s.agent not in by_name and s.agent not in flow_names
+        if s.agent not in defined
     ]
     for flow in flows:
         try:
@@ -83,17 +85,27 @@ def _name(item: Any) -> str | None:
 
 
 def _each(items: list[Any], model: type[BaseModel], what: str, found: list[str]) -> list[Any]:
-    """The items that validate as ``model``; a sentence in ``found`` for each problem of the
-    others."""
-    valid = []
+    """The items as ``model``, a sentence in ``found`` for each problem. An item with problems
+    is checked further without the settings that have them (so that a misspelt setting does
+    not hide a bad provider or an undefined reference of the same agent); one that still does
+    not validate is left out."""
+    checked = []
     for i, item in enumerate(items):
         name = item.get("name") if isinstance(item, dict) else None
         label = f"{what} {name!r}" if isinstance(name, str) else f"{what} #{i + 1}"
         try:
-            valid.append(model.model_validate(item))
+            checked.append(model.model_validate(item))
+            continue
         except ValidationError as exc:
-            found += [f"{label}: {_sentence(e)}" for e in exc.errors(include_url=False)]
-    return valid
+            errors = exc.errors(include_url=False)
+            found += [f"{label}: {_sentence(e)}" for e in errors]
+        bad = {e["loc"][0] for e in errors if e["loc"] and e["loc"][0] in item} - {"name"}
+        if isinstance(item, dict) and bad:
+            with contextlib.suppress(ValidationError):
+                checked.append(
+                    model.model_validate({k: v for k, v in item.items() if k not in bad})
+                )
+    return checked
 
 
 def _sentence(error: Any) -> str:
