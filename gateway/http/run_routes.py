@@ -52,9 +52,11 @@ class RunRoutes(Routes):
         turn_id = new_id()
         if hook is not None:
             await hook(turn_id)
-        handle = await runs.start(call.client, thread_id, body, list(self.assistants), turn_id)
-        if request.path_params.get("thread_id") is not None:  # a thread-less run has no record
-            await call.threads.touch(thread_id)
+        started = runs.start(call.client, thread_id, body, list(self.assistants), turn_id)
+        if request.path_params.get("thread_id") is None:  # a thread-less run has no record
+            handle = await started
+        else:  # the thread's record touched while the turn is published
+            handle, _ = await asyncio.gather(started, call.threads.touch(thread_id))
         return runs.Following.of(handle, str(body["assistant_id"]))
 
     async def _webhook(self, body: dict[str, Any]) -> Callable[[str], Awaitable[None]] | None:
