@@ -4,13 +4,14 @@ shared broker, to users of its own) and the Redis ACL users of ``deploy/redis/us
 ``redis-server`` of the test's own, loaded with that file). A turn with a tool step runs with
 the worker, the calculator service and the publisher each under its role; then what each role
 may not do is refused; and none of the passwords appears in a log, an error, ``/readyz`` or
-the CLI's output."""
+the CLI's output. The docs' pika publisher (docs/protocol.md) runs as the publisher role."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,15 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = ROOT / "deploy/rabbitmq/definitions.json"
 ACL = ROOT / "deploy/redis/users.acl"
 ROLES = ("loopwire-worker", "loopwire-tools", "loopwire-publisher", "loopwire-keda")
+
+
+def recipe(heading: str) -> str:
+    """The one Python block under ``heading`` in docs/protocol.md."""
+    text = (ROOT / "docs/protocol.md").read_text(encoding="utf-8")
+    start = text.index(heading + "\n")
+    body = text[start : start + text[start:].index("\n### ", 1)]
+    [script] = re.findall(r"^```python\n(.*?)^```$", body, re.S | re.M)
+    return script
 
 
 @dataclass(frozen=True)
@@ -202,7 +212,19 @@ async def test_every_role_runs_a_turn_under_its_own_user_and_no_further(
                 capture_output=True, text=True, cwd=ROOT, timeout=60,
             )  # fmt: skip
         ready_tools = await body_of(f"http://127.0.0.1:{calculator[1]}/readyz")
+        # the docs' raw-AMQP publisher (pika, nothing of loopwire's) runs as the publisher
+        (tmp_path / "publish.py").write_text(recipe("### A whole publisher with pika"))
+        scripted_model.expect(Reply.text("Answered over pika."))
+        env = {**os.environ, "LOOPWIRE_AMQP_URL": roles.amqp("loopwire-publisher")}
+        published = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "publish.py", "support", "hi"],
+            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+        )  # fmt: skip
     assert result.content == "It is 42." and result.steps == 2
+    assert published.returncode == 0, published.stderr
+    assert "answer (stop): Answered over pika." in published.stdout
+    assert "turn.started" in published.stdout  # its events came on its own queue
     assert cli.returncode == 0, cli.stderr
 
     # a tool service's Redis user reaches no session's state or redaction mapping

@@ -455,6 +455,9 @@ async def test_cli_controls_of_a_turn_that_does_not_exist_or_has_finished_exit_5
             f"nothing to {verb}"
         )
         assert "published" not in out.stdout
+    out = await cli("result", ghost)
+    assert out.returncode == 5, out.stderr
+    assert ghost in one_error(out)
     result = await client.run_turn("support", "hello", timeout=30)
     out = await cli("cancel", result.turn_id)
     assert out.returncode == 5, out.stderr
