@@ -50,7 +50,7 @@ def recipe(heading: str) -> str:
     start = text.index(heading + "\n")
     body = text[start : start + text[start:].index("\n### ", 1)]
     [script] = re.findall(r"^```python\n(.*?)^```$", body, re.S | re.M)
-    return script
+    return str(script)
 
 
 @dataclass(frozen=True)
