@@ -198,6 +198,8 @@ async def test_every_role_runs_a_turn_under_its_own_user_and_no_further(
                     break
                 scripted_model.expect(Reply.tool_calls(("calculate", {"expression": "6*7"})))
                 scripted_model.expect(Reply.text("It is 42."))
+            # a cancel goes where the publisher may write (refused: the channel would close)
+            await client.cancel(result.turn_id, session_id=result.session_id)
             ready = await body_of(f"http://127.0.0.1:{worker.port}/readyz")
             cli = await asyncio.to_thread(
                 subprocess.run,
