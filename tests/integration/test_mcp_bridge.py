@@ -326,3 +326,40 @@ async def test_a_bridge_killed_mid_call_tells_the_model_through_a_worker(
     assert sum(line.startswith("start slow k") for line in lines(log)) == 1  # never run twice
     second.signal(signal.SIGTERM)
     assert await second.wait() == 0, second.output()
+
+
+async def test_a_server_killed_mid_call_tells_the_model_through_a_worker(
+    topology: None,
+    scripted_model: ScriptedModel,
+    client: LoopwireClient,
+    bridge: Any,
+    redis: Redis,
+    tmp_path: Path,
+    uid: str,
+) -> None:
+    """The MCP server itself dies while a turn's call runs in it: the bridge answers that the
+    call's outcome is unknown, the model is told so through the worker, and the turn goes on
+    to its answer; the server is started again and its tools offered again."""
+    prefix = f"m{uid}"
+    names = [f"{prefix}_slow", f"{prefix}_echo"]
+    process = await bridge({"servers": [stdio_fixture("dies", prefix=prefix)]}, names)
+    await wait_until(lambda: offered(redis, *names), timeout=30)
+    log = tmp_path / "calls.log"
+    scripted_model.expect(Reply.tool_calls((names[0], {"seconds": 30, "tag": "d"}, "c_dies")))
+    scripted_model.expect(Reply.text("The server went away; I do not know if it ran."))
+    agents = write_agents(tmp_path / "agents.json", names, tool_timeout_s=60)
+    async with WorkerProcess(model_url=scripted_model.base_url, agents_file=agents) as worker:
+        handle = await client.start_turn("support", "run it")
+        await wait_until(has_line(log, "start slow d"), timeout=30)
+        pid = int(next(line for line in lines(log) if line.startswith("start slow d")).split()[-1])
+        os.kill(pid, signal.SIGKILL)
+        result = await handle.result(60)
+        await handle.close()
+        assert worker.errors() == []
+    assert result.finish_reason == "stop", process.output()
+    told = json.loads(tool_results(scripted_model.requests[1])["c_dies"])["error"]
+    assert "went away during the call" in told
+    await wait_until(lambda: offered(redis, *names), timeout=30)  # started again
+    assert "MCP server dies: starting again" in process.output()
+    process.signal(signal.SIGTERM)
+    assert await process.wait() == 0, process.output()
