@@ -3,10 +3,8 @@
 On SIGTERM or SIGINT it stops consuming, gives the steps in hand ``grace_s`` to
 finish, then cancels what is left: those messages were never acked, so the
 broker redelivers them and another worker redoes the step from the last save.
-Shutdown has a hard deadline (``grace_s`` plus ``SHUTDOWN_SLACK_S``): a broker or Redis
-that stops answering mid-shutdown (a deleted user, a half-open socket) cannot keep the
-process alive after SIGTERM; past the deadline it logs what it was waiting for and exits
-with status 1, and its unacknowledged steps are redone elsewhere as after a crash.
+Shutdown has a hard deadline (``grace_s`` plus ``SHUTDOWN_SLACK_S``,
+``worker.runtime.shutdown``).
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ import logging
 import os
 import signal
 import sys
-import threading
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,6 +42,7 @@ from worker.redaction.vault import RedisVault
 from worker.runtime import collector
 from worker.runtime.heap import HeapTrimmer, malloc_trim
 from worker.runtime.metrics import CountingSink, TenantLabel, WorkerMetrics, build_info
+from worker.runtime.shutdown import SHUTDOWN_SLACK_S, exit_after
 from worker.runtime.tracing import Tracing
 from worker.sequencing.sequencer import SessionSequencer
 from worker.session.leases import LeaseKeeper
@@ -389,7 +386,7 @@ def main() -> int:
 
     def stop() -> None:
         worker.stop()
-        _exit_after(settings.grace_s + SHUTDOWN_SLACK_S)
+        exit_after(settings.grace_s + SHUTDOWN_SLACK_S)
 
     async def runner() -> None:
         loop = asyncio.get_running_loop()
@@ -415,33 +412,6 @@ def main() -> int:
         log.error("%s", exc)
         return 1
     return 0
-
-
-SHUTDOWN_SLACK_S = 15.0
-"""What shutdown may take beyond ``grace_s`` (closing connections, flushing traces)."""
-
-
-def _exit_after(seconds: float) -> None:
-    """Arm the shutdown deadline once: a daemon thread that, if the process is still alive
-    after ``seconds``, logs every thread's stack and ends the process with status 1."""
-    if getattr(_exit_after, "armed", False):
-        return
-    _exit_after.armed = True  # type: ignore[attr-defined]
-
-    def expire() -> None:
-        frames = sys._current_frames()
-        stacks = "".join(
-            f"\n-- thread {ident}\n" + "".join(traceback.format_stack(frame))
-            for ident, frame in frames.items()
-        )
-        log.error("shutdown did not finish within %g s; exiting%s", seconds, stacks)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(1)
-
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 HANGS = """
 import time
-from worker.app import _exit_after
-_exit_after(0.5)
-_exit_after(60)  # armed once: a second SIGTERM does not move the deadline
+from worker.runtime.shutdown import exit_after
+exit_after(0.5)
+exit_after(60)  # armed once: a second SIGTERM does not move the deadline
 def waiting_for_the_broker():
     time.sleep(60)
 waiting_for_the_broker()
