@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from contracts import keys
 from contracts.client import LoopwireClient, TurnHandle, new_id
+from contracts.dead_letters import list_dead
 from contracts.registry import live_tools
 from harness import (
     AMQP_URL,
@@ -28,7 +29,6 @@ from harness import (
     step_records,
     write_agents,
 )
-from worker.cli.dlq import list_dead
 from worker.testing.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """``loopwire --tenant NAME dlq``: the letters of that tenant only, as their
-``x-loopwire-tenant`` header names it (worker.cli.dlq)."""
+``x-loopwire-tenant`` header names it (contracts.dead_letters)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from contracts import tenancy
 from contracts import topology as t
-from worker.cli.dlq import _of, describe
+from contracts.dead_letters import _of, describe
 
 
 def letter(**headers: Any) -> Any:

@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     dead.add_argument("--json", action="store_true", help="JSON lines instead of text")
     replay = _add(dlq_sub, "replay", help="send a dead-lettered message back to the turn queue")
     replay.add_argument("id", help="the id shown by 'loopwire dlq list'")
+    purge = _add(dlq_sub, "purge", help="remove a dead-lettered message for good")
+    purge.add_argument("id", nargs="?", default=None, help="the id shown by 'loopwire dlq list'")
+    purge.add_argument(
+        "--all", action="store_true", help="every letter shown by 'loopwire dlq list'"
+    )
 
     demo = _add(sub, "demo", help="run one real turn through a worker and the example tools")
     demo.add_argument("question", nargs="?", default=None, help="what to ask")

@@ -1,4 +1,5 @@
-"""The dead-letter queue: list dead-lettered work with its reason, replay one message.
+"""The dead-letter queue: list dead-lettered work with its reason, replay or purge a message
+(``loopwire dlq`` and the console's dead-letters page, docs/console.md, both use this module).
 
 Each message the worker dead-letters carries ``x-loopwire-dead-id`` (its id
 here), ``x-loopwire-reason`` and ``x-loopwire-reason-code``; messages the broker
@@ -6,7 +7,8 @@ dead-lettered itself (delivery limit reached) are identified by their message id
 or a hash of their body and show the broker's ``x-first-death-reason``.
 
 Listing takes every message without acking and returns them all (nothing is
-lost if the command dies: unacked messages go back to the queue). Replaying
+lost if the command dies: unacked messages go back to the queue). Purging acks the one letter
+asked for (or every letter the caller sees) and puts the others back. Replaying
 publishes the message to ``loopwire.turns`` without the dead-letter headers
 (with a confirm) and only then removes it from the dead-letter queue. A letter a worker
 vouched for (its ``user_id`` is the user the command logs in as: run it as the worker user)
@@ -36,7 +38,6 @@ from contracts.base import SAFE_ID_PATTERN
 from contracts.codec import DecodeError, decode_obj
 from contracts.runtime.amqp import connect, login, resolve_urls
 from contracts.runtime.tls import TlsFiles
-from worker.errors import NotReplayableError
 
 H_DEAD_ID = t.H_DEAD_ID
 _DEAD_HEADERS = (
@@ -57,6 +58,10 @@ _DEAD_HEADERS = (
 )
 
 
+class NotReplayableError(Exception):
+    """A dead letter that replaying would not run again; it stays where it is."""
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     id: str
@@ -67,6 +72,10 @@ class DeadLetter:
     size: int
     tenant: str | None = None
     """The tenant its ``x-loopwire-tenant`` header names, if any."""
+    headers: dict[str, Any] | None = None
+    """Its AMQP headers, as text (``list_dead(..., full=True)``)."""
+    body: Any = None
+    """Its body decoded from msgpack, or a note saying why it could not be (``full=True``)."""
 
 
 def dead_id(message: AbstractIncomingMessage) -> str:
@@ -78,21 +87,23 @@ def dead_id(message: AbstractIncomingMessage) -> str:
     return hashlib.sha1(message.body).hexdigest()[:16]
 
 
-def describe(message: AbstractIncomingMessage) -> DeadLetter:
+def describe(message: AbstractIncomingMessage, *, full: bool = False) -> DeadLetter:
     headers: dict[str, Any] = dict(message.headers or {})
     reason = str(headers.get(t.H_REASON) or headers.get("x-first-death-reason") or "unknown")
     code = str(headers.get(t.H_REASON_CODE) or "broker")
     turn_id = None
+    body: Any = None
     tenant = headers.get(tenancy.H_TENANT)
     if isinstance(tenant, bytes):
         tenant = tenant.decode(errors="replace")
     try:
-        obj = decode_obj(message.body)
+        obj = body = decode_obj(message.body)
         if isinstance(obj, dict) and isinstance(obj.get("turn_id"), str):
             turn_id = obj["turn_id"][:128]
     except DecodeError:  # the turn a publisher named in its properties (the client's message_id)
         if message.message_id and re.fullmatch(SAFE_ID_PATTERN, message.message_id):
             turn_id = message.message_id
+        body = f"(not msgpack: {len(message.body)} bytes)"
     return DeadLetter(
         id=dead_id(message),
         reason=reason,
@@ -101,7 +112,22 @@ def describe(message: AbstractIncomingMessage) -> DeadLetter:
         kind=str(headers.get(t.H_KIND, t.KIND_START)),
         size=len(message.body),
         tenant=tenant[:128] if isinstance(tenant, str) else None,
+        headers={k: _plain(v) for k, v in headers.items()} if full else None,
+        body=_plain(body) if full else None,
     )
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with bytes shown as text and containers walked: what JSON can carry."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode(errors="replace")
+    if isinstance(value, dict):
+        return {str(_plain(k)): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
 
 
 def _of(message: AbstractIncomingMessage, tenant: str | None) -> bool:
@@ -120,16 +146,36 @@ async def _take_all(channel: AbstractChannel) -> list[AbstractIncomingMessage]:
 
 
 async def list_dead(
-    amqp_url: str, tls: TlsFiles | None = None, tenant: str | None = None
+    amqp_url: str, tls: TlsFiles | None = None, tenant: str | None = None, *, full: bool = False
 ) -> list[DeadLetter]:
+    """The letters the caller sees (all, or the tenant's); with ``full``, headers and body."""
     connection = await connect(amqp_url, name="loopwire-cli", tls=tls)
     async with connection:
         channel = await connection.channel()
         taken = await _take_all(channel)
-        described = [describe(m) for m in taken if _of(m, tenant)]
+        described = [describe(m, full=full) for m in taken if _of(m, tenant)]
         for message in taken:
             await message.nack(requeue=True)
         return described
+
+
+async def purge(
+    amqp_url: str, wanted: str | None, tls: TlsFiles | None = None, tenant: str | None = None
+) -> list[DeadLetter]:
+    """Remove the letter ``wanted`` (``None``: every letter the caller sees) for good; the
+    letters removed (none: no such id)."""
+    connection = await connect(amqp_url, name="loopwire-cli", tls=tls)
+    async with connection:
+        channel = await connection.channel()
+        taken = await _take_all(channel)
+        removed: list[DeadLetter] = []
+        for message in taken:
+            if _of(message, tenant) and wanted in (None, dead_id(message)):
+                removed.append(describe(message))
+                await message.ack()
+            else:
+                await message.nack(requeue=True)
+        return removed
 
 
 async def replay(
