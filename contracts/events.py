@@ -35,6 +35,7 @@ EventType = Literal[
     "turn.cancelled",
     "approval.requested",
     "approval.decided",
+    "turn.throttled",
     "budget.exhausted",
     "child.started",
     "child.finished",
@@ -135,6 +136,13 @@ class ApprovalRequested(Contract):
     tool: str
     arguments: str = Field(description="As the model wrote them (redacted when the agent redacts).")
     until: float | None = Field(default=None, description="When the call is rejected undecided.")
+
+
+class TurnThrottled(Contract):
+    """A turn parked, holding no worker, until the model may be asked again (a rate limit of
+    the endpoint or of the tenant, or the endpoint's 429)."""
+
+    until: float = Field(description="When its step is taken again.")
 
 
 class ApprovalDecided(Contract):
@@ -245,6 +253,7 @@ EventData = (
     | TurnRejected
     | ApprovalRequested
     | ApprovalDecided
+    | TurnThrottled
     | BudgetExhausted
     | ChildStarted
     | ChildFinished

@@ -1,6 +1,6 @@
-"""``client.sessions``: a session's summary, history, turns and results, and its deletion,
-over the broker (``contracts.sessions``): reads go to ``loopwire.sessions`` and any worker
-answers; a deletion goes to ``loopwire.turns`` and is answered once done."""
+"""``client.sessions``: a session's summary, history, turns, results and step records, and its
+deletion, over the broker (``contracts.sessions``): reads go to ``loopwire.sessions`` and any
+worker answers; a deletion goes to ``loopwire.turns`` and is answered once done."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from contracts.base import Contract
 from contracts.codec import DecodeError, decode, encode
 from contracts.messages import ChatMessage
 from contracts.sessions import SessionDelete, SessionQuery, SessionReply, SessionSummary, TurnInfo
+from contracts.steps import StepExecution
 from contracts.turns import TurnResult
 
 
@@ -88,6 +89,21 @@ class Sessions:
         query = SessionQuery(op="text", session_id=session_id, turn_id=turn_id, step=step)
         reply = await self._read(query, missing_ok=True)
         return reply.text
+
+    async def steps(
+        self, turn_id: str, session_id: str | None = None, *, offset: int = 0, limit: int = 100
+    ) -> list[StepExecution]:
+        """A page of the records of a turn's completed steps, oldest first, from ``offset``:
+        what each model call answered (usage, model, duration), each tool call's arguments and
+        outcome, as the turn's step list keeps them (``StepExecution.stored``: messages and
+        tool results the history holds are left out). Raises ``SessionError`` (``not_found``)
+        for a turn no worker has accepted, or once its records have expired (``ttl_s`` past
+        its end)."""
+        query = SessionQuery(
+            op="steps", turn_id=turn_id, session_id=session_id, offset=offset, limit=limit
+        )
+        reply = await self._read(query)
+        return list(reply.steps)
 
     async def delete(
         self, session_id: str, *, reason: str = "deleted", by: str | None = None

@@ -1,5 +1,5 @@
-"""Sessions as a resource: read a session's history, its summary, its turns and a turn's
-result, or delete the session, from any language through the broker.
+"""Sessions as a resource: read a session's history, its summary, its turns, a turn's result
+and the records of a turn's steps, or delete the session, from any language through the broker.
 
 Reads are a ``SessionQuery`` published to the queue ``loopwire.sessions`` with ``reply_to``
 and a ``correlation_id``; any worker answers with a ``SessionReply`` (same correlation id).
@@ -21,9 +21,10 @@ from pydantic import Field, model_validator
 from contracts.base import AgentName, Contract, SafeId
 from contracts.messages import ChatMessage
 from contracts.state import Spend
+from contracts.steps import StepExecution
 from contracts.turns import FinishReason, TurnResult
 
-QueryOp = Literal["get", "history", "turns", "result", "text", "turn"]
+QueryOp = Literal["get", "history", "turns", "result", "text", "turn", "steps"]
 TurnStatus = Literal["queued", "running", "waiting", "done"]
 
 
@@ -32,15 +33,21 @@ class SessionQuery(Contract):
     with their status), ``result`` (a turn's result: ``turn_id``, ``session_id`` optional),
     ``text`` (the saved text of one step's answer: ``session_id``, ``turn_id``, ``step``; while
     the turn runs, and for its last step once it has ended), ``turn`` (one turn's status, in
-    ``turns``: ``turn_id``, ``session_id`` optional; known once a worker has accepted it)."""
+    ``turns``: ``turn_id``, ``session_id`` optional; known once a worker has accepted it),
+    ``steps`` (a page of the records of a turn's completed steps, oldest first: ``turn_id``,
+    ``session_id`` optional; kept ``ttl_s`` past the turn's end)."""
 
     schema_version: Literal[1] = 1
     op: QueryOp
     session_id: SafeId | None = None
     turn_id: SafeId | None = None
-    offset: int = Field(default=0, ge=0, description="Messages to skip (from the chosen end).")
+    offset: int = Field(
+        default=0,
+        ge=0,
+        description="Messages (from the chosen end) or, with op 'steps', step records to skip.",
+    )
     limit: int = Field(default=100, ge=1, le=1000)
-    newest_first: bool = False
+    newest_first: bool = Field(default=False, description="With op 'history': newest first.")
     step: int | None = Field(
         default=None,
         ge=0,
@@ -50,11 +57,11 @@ class SessionQuery(Contract):
 
     @model_validator(mode="after")
     def _names_what_it_reads(self) -> SessionQuery:
-        if self.op in ("result", "text", "turn") and self.turn_id is None:
+        if self.op in ("result", "text", "turn", "steps") and self.turn_id is None:
             raise ValueError(f"op {self.op!r} needs turn_id")
         if self.op == "text" and self.step is None:
             raise ValueError("op 'text' needs step")
-        if self.op not in ("result", "turn") and self.session_id is None:
+        if self.op not in ("result", "turn", "steps") and self.session_id is None:
             raise ValueError(f"op {self.op!r} needs session_id")
         return self
 
@@ -96,7 +103,11 @@ class SessionReply(Contract):
     error: str | None = Field(default=None, max_length=2000)
     summary: SessionSummary | None = None
     messages: tuple[ChatMessage, ...] = ()
-    total: int | None = Field(default=None, description="Messages in the history, all pages.")
+    total: int | None = Field(
+        default=None,
+        description="All pages: the messages in the history, or with op 'steps' the turn's "
+        "step records.",
+    )
     turns: tuple[TurnInfo, ...] = ()
     result: TurnResult | None = None
     deleted_keys: int | None = None
@@ -104,4 +115,11 @@ class SessionReply(Contract):
         default=None,
         description="op 'text': the step's saved text.",
         exclude_if=lambda value: value is None,  # added to v1: written only when set
+    )
+    steps: tuple[StepExecution, ...] = Field(
+        default=(),
+        description="op 'steps': a page of the turn's completed steps, oldest first, each "
+        "record as the turn's step list keeps it (StepExecution.stored: the messages and tool "
+        "results the history holds are not repeated).",
+        exclude_if=lambda value: not value,  # added to v1: written only when set
     )

@@ -1,6 +1,7 @@
 """Sessions as a resource over the real broker and Redis: read a session's summary, history,
-turns and a result through the client and the CLI; delete a session with turns still queued
-and running, and find nothing of it left in Redis; bad queries are dead-lettered."""
+turns and a result through the client and the CLI, and a turn's step records page by page
+until they expire; delete a session with turns still queued and running, and find nothing of
+it left in Redis; bad queries are dead-lettered."""
 
 from __future__ import annotations
 
@@ -19,11 +20,16 @@ from support_rpc import AMQP_URL
 from contracts import keys
 from contracts import topology as t
 from contracts.client import LoopwireClient, new_id
-from contracts.codec import decode, encode_obj
+from contracts.codec import decode, encode, encode_obj
 from contracts.registry import live_tools
-from contracts.sessions import SessionReply
+from contracts.session_client import SessionError
+from contracts.sessions import SessionQuery, SessionReply
+from contracts.state import AgentStep, StepExecution
+from contracts.turns import TurnResult
 from harness import CountingToolService, EventRecorder, WorkerProcess
+from worker.session.records import SessionRecords
 from worker.testing.scripted_model import Reply, ScriptedModel
+from worker.transport.session_reads import answer
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,6 +134,81 @@ async def test_a_session_is_read_and_then_deleted_leaving_nothing(
     gone = next(e for e in events.events if e.type == "session.deleted")
     assert gone.session_id == session and gone.data.deleted_keys == deleted  # type: ignore[union-attr]
     assert "ann@example.com" not in json.dumps([e.model_dump(mode="json") for e in events.events])
+
+
+async def test_a_turns_step_records_are_read_page_by_page_until_they_expire(
+    scripted_model: ScriptedModel,
+    client: LoopwireClient,
+    lookup: CountingToolService,
+    redis: Redis,
+    uid: str,
+    tmp_path: Path,
+) -> None:
+    session, turn = f"s-{uid}", f"t-{uid}-1"
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "order 7"})))
+    scripted_model.expect(Reply.text("Order 7 shipped."))
+    agents = agents_file(tmp_path, [lookup.name])
+    async with WorkerProcess(model_url=scripted_model.base_url, agents_file=agents) as w:
+        result = await client.run_turn(
+            "support", "where is order 7?", session_id=session, turn_id=turn, timeout=30
+        )
+        records = await client.sessions.steps(turn)  # its session found from the turn
+        second = await client.sessions.steps(turn, session, offset=1, limit=1)
+        beyond = await client.sessions.steps(turn, offset=2)
+        with pytest.raises(SessionError) as unknown:
+            await client.sessions.steps(f"t-{uid}-never")
+        # the records expire with the result, ttl_s past the turn's end: as if that was now
+        await redis.delete(keys.turn_steps(session, turn), keys.turn_result(session, turn))
+        with pytest.raises(SessionError) as expired:
+            await client.sessions.steps(turn)
+    assert w.errors() == []
+    assert [r.step.index for r in records] == [0, 1] and second == records[1:]
+    assert beyond == []
+    call = records[0].step.tool_executions[0]
+    assert (call.name, call.arguments, call.outcome) == (lookup.name, {"q": "order 7"}, "ok")
+    assert call.content == "" and call.completed_at >= call.started_at  # the text: in history
+    answers = [r.step.response for r in records]
+    assert answers[1] is not None and answers[1].message.content == "Order 7 shipped."
+    used = sum(a.usage.total_tokens for a in answers if a is not None)
+    assert used == result.usage.total_tokens > 0
+    assert all(r.completed_at >= r.started_at and r.step.output_messages == () for r in records)
+    assert (unknown.value.code, str(unknown.value)) == ("not_found", f"no turn t-{uid}-never")
+    assert expired.value.code == "not_found" and "expired" in str(expired.value)
+
+
+async def test_a_steps_read_counts_the_records_and_tells_a_turn_without_steps_apart(
+    redis: Redis, uid: str
+) -> None:
+    """``total`` counts every record, whatever the page; a turn that ended before its first
+    step (cancelled while queued) has none and reads as such, not as expired."""
+    session, turn, queued = f"s-{uid}", f"t-{uid}-1", f"t-{uid}-2"
+    for index in range(3):
+        record = StepExecution(
+            step=AgentStep(index=index, input_count=2), started_at=1.0, completed_at=2.0
+        )
+        await redis.rpush(keys.turn_steps(session, turn), encode(record.stored()))
+    await redis.hset(keys.session_turns(session), mapping={turn: "done", queued: "done"})
+    cancelled = TurnResult(
+        turn_id=queued,
+        session_id=session,
+        agent="support",
+        content=None,
+        finish_reason="cancelled",
+        stopped_by="user",
+        steps=0,
+        duration_s=0.0,
+        completed_at=2.0,
+    )
+    await redis.set(keys.turn_result(session, queued), encode(cancelled))
+    records = SessionRecords(redis)
+
+    def query(turn_id: str, **paging: int) -> SessionQuery:
+        return SessionQuery(op="steps", session_id=session, turn_id=turn_id, **paging)
+
+    page = await answer(records, query(turn, offset=1, limit=1))
+    none = await answer(records, query(queued))
+    assert (page.ok, page.total, [r.step.index for r in page.steps]) == (True, 3, [1])
+    assert (none.ok, none.total, none.steps) == (True, 0, ())
 
 
 async def test_the_cli_shows_a_session_and_a_result_and_deletes_it(

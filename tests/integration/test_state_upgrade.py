@@ -2,7 +2,8 @@
 this one. ``data/state_with_inline_steps.json`` holds the session's keys as that release wrote
 them (commit f63c9bb, its in-process sequencer over the Redis store): a turn of ``support``
 whose first step called ``lookup`` and completed (its record inline in the state, under
-``execution.steps``), then stopped before its second step."""
+``execution.steps``), then stopped before its second step. Its step records are read, the
+inline one first."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from contracts import keys
 from contracts import topology as t
 from contracts.client import LoopwireClient
 from contracts.codec import encode, read_stored
+from contracts.sessions import SessionQuery
 from contracts.state import AgentState, StepExecution
 from contracts.turns import TurnResult
 from contracts.work import StepWork
@@ -27,6 +29,7 @@ from harness import WorkerProcess, session_history, step_records, write_agents
 from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
 from worker.testing.scripted_model import Reply, ScriptedModel
+from worker.transport.session_reads import answer
 
 pytestmark = pytest.mark.integration
 
@@ -96,3 +99,28 @@ async def test_a_turn_started_with_inline_step_records_is_finished_by_this_relea
     records: list[StepExecution] = await step_records(SESSION, TURN)
     assert [r.step.index for r in records] == [1]
     assert await SessionRecords(redis).step_text(SESSION, TURN, 1) == "Refunds take 5 days."
+
+
+async def test_the_step_records_a_turn_kept_inline_are_read_before_its_step_list(
+    redis: Redis,
+) -> None:
+    await restore(redis)
+    records = SessionRecords(redis)
+    state = read_stored(await redis.hget(keys.session_state(SESSION), "s"), AgentState)
+    assert state.execution is not None
+    inline = state.execution.steps[0]
+    # a step this release completed next, while the turn still runs: in the turn's step list
+    later = StepExecution(
+        step=inline.step.model_copy(update={"index": 1}), started_at=5.0, completed_at=6.0
+    )
+    await redis.rpush(keys.turn_steps(SESSION, TURN), encode(later.stored()))
+
+    def read(offset: int, limit: int) -> SessionQuery:
+        return SessionQuery(op="steps", turn_id=TURN, offset=offset, limit=limit)
+
+    both, first, second = [await answer(records, read(o, n)) for o, n in ((0, 100), (0, 1), (1, 5))]
+    assert [(r.ok, r.total) for r in (both, first, second)] == [(True, 2)] * 3
+    assert [r.step.index for r in both.steps] == [0, 1]
+    assert first.steps == (inline.stored(),) and second.steps == (later.stored(),)
+    assert both.steps[0].step.output_messages == ()  # as the step list keeps a record
+    await redis.delete(keys.turn_steps(SESSION, TURN))

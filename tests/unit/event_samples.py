@@ -13,6 +13,7 @@ from contracts.events import (
     ModelResponded,
     SessionDeleted,
     StateUpdated,
+    TurnThrottled,
 )
 from contracts.messages import Usage
 
@@ -39,4 +40,5 @@ LATER_EVENT_DATA: dict[str, EventData] = {
         cost_usd=0.25,
         duration_s=1.5,
     ),
+    "turn.throttled": TurnThrottled(until=1_700_000_030.5),
 }

@@ -41,7 +41,8 @@ from contracts.events import (
     make_event,
 )
 from contracts.messages import ChatMessage, Usage
-from contracts.state import AgentState, SessionContext
+from contracts.sessions import SessionQuery, SessionReply
+from contracts.state import AgentState, AgentStep, SessionContext, StepExecution
 from contracts.tools import ToolCallReply, ToolDefinition, idempotency_key
 from contracts.turns import (
     Budget,
@@ -97,6 +98,20 @@ def request(**changes: Any) -> TurnRequest:
     }
     data.update(changes)
     return TurnRequest.model_validate(data)
+    reply = SessionReply(ok=True, total=0)
+    assert "steps" not in decode_obj(encode(reply))
+    record = StepExecution(step=AgentStep(index=0, input_count=2), started_at=1.0, completed_at=2.0)
+    steps = decode_obj(encode(SessionReply(ok=True, steps=(record,), total=1)))["steps"]
+    assert [s["step"]["index"] for s in steps] == [0]
+
+
+def test_a_steps_query_names_its_turn_and_may_leave_out_its_session() -> None:
+    with pytest.raises(ValidationError, match="op 'steps' needs turn_id"):
+        SessionQuery(op="steps", session_id="S1")
+    query = SessionQuery(op="steps", turn_id="T1", offset=2, limit=5)
+    assert (query.session_id, query.offset, query.limit) == (None, 2, 5)
+    with pytest.raises(ValidationError):
+        SessionQuery(op="steps", turn_id="T1", limit=1001)
 
 
 EVENT_DATA: dict[str, EventData] = {

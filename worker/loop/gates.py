@@ -20,6 +20,7 @@ from contracts.events import (
     EventData,
     EventType,
     TurnStarted,
+    TurnThrottled,
 )
 from contracts.messages import ChatMessage
 from contracts.state import AgentState, StepExecution, StopSignal, ToolExecution, Wait
@@ -216,6 +217,17 @@ class Gates:
         waiting = Wait(kind="throttled", since=now, until=now + wait_s)
         state = await self._save(
             with_execution(state, status="waiting", wait=waiting), release=True
+        )
+        ex = state.execution
+        step = ex.pending.index if ex is not None and ex.pending is not None else None
+        assert waiting.until is not None
+        await self._emit(
+            "turn.throttled",
+            TurnThrottled(until=waiting.until),
+            state,
+            step=step if step is not None else (ex.step_count if ex is not None else 0),
+            at=now,
+            id_suffix=f"{now:.6f}",
         )
         return Waiting(state, waiting.until)
 

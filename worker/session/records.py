@@ -46,6 +46,16 @@ lease expires; the redelivered ``session.delete`` starts again)."""
 
 
 @dataclass(frozen=True, slots=True)
+class StepPage:
+    records: tuple[StepExecution, ...]
+    """The page, oldest first."""
+    total: int
+    """The turn's step records, all pages."""
+    expired: bool = False
+    """None are left of a turn that completed steps: they lived ``ttl_s`` past its end."""
+
+
+@dataclass(frozen=True, slots=True)
 class Erased:
     deleted: int
     """Keys deleted."""
@@ -160,6 +170,50 @@ class SessionRecords:
         if result is not None and result.steps == step + 1:
             return result.content or ""
         return None
+
+    async def steps(
+        self, session_id: str, turn_id: str, offset: int, limit: int
+    ) -> StepPage | None:
+        """A page of the records of the turn's completed steps, oldest first, from ``offset``:
+        those an earlier release kept inline in the state of a turn still in progress (given
+        the shape of the step list's, ``StepExecution.stored``), then the turn's step list.
+        ``None`` for a turn the session does not know (or no more)."""
+        state = await self.state(session_id)
+        ex = state.execution if state is not None else None
+        inline = [r.stored() for r in ex.steps] if ex is not None and ex.turn_id == turn_id else []
+        listed, total = await self._listed(
+            keys.turn_steps(session_id, turn_id), offset - len(inline), limit
+        )
+        total += len(inline)
+        if total:
+            return StepPage((*inline[offset : offset + limit], *listed), total)
+        expired = await self._records_expired(session_id, turn_id)
+        return None if expired is None else StepPage((), 0, expired=expired)
+
+    async def _listed(self, key: str, offset: int, limit: int) -> tuple[list[StepExecution], int]:
+        """A page of a step list (``offset`` may be negative: the page starts before it), and
+        its length, counted after the page is read (the list only grows: never less)."""
+        start, stop = max(0, offset), offset + limit - 1
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if stop >= start:
+                pipe.lrange(key, start, stop)
+            pipe.llen(key)
+            *page, length = await pipe.execute()
+        items = page[0] if page else []
+        return [read_stored(_bytes(item), StepExecution) for item in items], int(length)
+
+    async def _records_expired(self, session_id: str, turn_id: str) -> bool | None:
+        """Whether a turn with no step records completed steps all the same: one that ended
+        after a step (or whose result expired with its step list, ``ttl_s`` past its end); not
+        one queued, running its first step or ended before it. ``None`` for a turn the session
+        does not know."""
+        status = await self.redis.hget(keys.session_turns(session_id), turn_id)
+        if status is None:
+            return None
+        if _text(status) != "done":
+            return False
+        result = await self.result(turn_id, session_id)
+        return result is None or result.steps > 0
 
     async def _stored_step(
         self, session_id: str, turn_id: str, step: int, at: int

@@ -5,12 +5,14 @@ A read takes no lease, so it never waits for a running turn, and reads what was 
 query that cannot be read (not msgpack, not the schema) is dead-lettered with its reason like
 any bad input, and, when it names a ``reply_to``, answered with ``ok: false`` and
 ``code: bad_request`` so that its publisher does not wait; a session or turn that does not
-exist is ``ok: false``, ``code: not_found``. Redis being away sends the query back to the
-queue (it is read again). While tenancy is on, a query reads its tenant's sessions only
-(another tenant's are ``not_found``, as if they did not exist); one whose tenant is refused
-(``worker.transport.tenants``) is dead-lettered and answered with ``code: tenant_mismatch``.
-Each answer is counted (``loopwire_session_reads_total{op, result}``, with the tenant when the
-metrics carry it): a tenant naming sessions it does not have shows as its ``not_found``.
+exist is ``ok: false``, ``code: not_found``, and so are a turn's step records once they have
+expired (``ttl_s`` past its end; the error says so: a finished turn does not read as one with
+no steps). Redis being away sends the query back to the queue (it is read again). While
+tenancy is on, a query reads its tenant's sessions only (another tenant's are ``not_found``,
+as if they did not exist); one whose tenant is refused (``worker.transport.tenants``) is
+dead-lettered and answered with ``code: tenant_mismatch``. Each answer is counted
+(``loopwire_session_reads_total{op, result}``, with the tenant when the metrics carry it): a
+tenant naming sessions it does not have shows as its ``not_found``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ async def answer(records: SessionRecords, query: SessionQuery) -> SessionReply:
         return SessionReply(ok=True, result=result)
     if query.op == "turn":
         return await _turn(records, query)
+    if query.op == "steps":
+        return await _steps(records, query)
     assert query.session_id is not None
     if query.op == "text":
         assert query.turn_id is not None and query.step is not None
@@ -69,15 +73,36 @@ async def answer(records: SessionRecords, query: SessionQuery) -> SessionReply:
 
 async def _turn(records: SessionRecords, query: SessionQuery) -> SessionReply:
     assert query.turn_id is not None
-    session_id = query.session_id
-    if session_id is None:
-        found = await records.redis.get(keys.turn_session(query.turn_id))
-        session_id = found.decode() if isinstance(found, bytes) else found
+    session_id = await _session_of(records, query)
     if session_id:
         for info in await records.turns(session_id):
             if info.turn_id == query.turn_id:
                 return SessionReply(ok=True, turns=(info,))
     return _missing(f"no turn {query.turn_id}")
+
+
+async def _steps(records: SessionRecords, query: SessionQuery) -> SessionReply:
+    assert query.turn_id is not None
+    session_id = await _session_of(records, query)
+    page = None
+    if session_id:
+        page = await records.steps(session_id, query.turn_id, query.offset, query.limit)
+    if page is None:
+        return _missing(f"no turn {query.turn_id}")
+    if page.expired:
+        return _missing(
+            f"the step records of turn {query.turn_id} have expired "
+            "(they are kept ttl_s past the turn's end)"
+        )
+    return SessionReply(ok=True, steps=page.records, total=page.total)
+
+
+async def _session_of(records: SessionRecords, query: SessionQuery) -> str | None:
+    """The query's session, or the one its turn was accepted into (while that is known)."""
+    if query.session_id is not None or query.turn_id is None:
+        return query.session_id
+    found = await records.redis.get(keys.turn_session(query.turn_id))
+    return found.decode() if isinstance(found, bytes) else found
 
 
 class SessionReads:
