@@ -986,8 +986,11 @@ class SlotLimiter:
         return max(0.0, self.open_at - time.time())
 
 
-def throttling_rig(model: ScriptedAnswers, limiter: SlotLimiter | None = None) -> SessionSequencer:
+def throttling_rig(
+    model: ScriptedAnswers, limiter: SlotLimiter | None = None, events: ListSink | None = None
+) -> SessionSequencer:
     store = MemoryStore()
+    sink = events if events is not None else ListSink()
 
     def loop_factory(session: StepSession, _profile: AgentProfile, redone: bool) -> Loop:
         return Loop(
@@ -995,7 +998,7 @@ def throttling_rig(model: ScriptedAnswers, limiter: SlotLimiter | None = None) -
             tools=FunctionTools({"lookup": lookup}),
             catalog=StaticCatalog([LOOKUP]),
             store=session,
-            events=ListSink(),
+            events=sink,
             limiter=limiter,
         )
 
@@ -1017,12 +1020,16 @@ async def test_a_throttled_step_parks_its_turn_until_its_slot(cause: str) -> Non
     else:
         model.answers.append(ModelError("slow down", code="model_http_429", retry_after=1.2))
     model.answers.append(answers("Finally."))
-    sequencer = throttling_rig(model, limiter)
+    events = ListSink()
+    sequencer = throttling_rig(model, limiter, events)
     await sequencer.on_request(request("t1"))
 
     [delay] = await sequencer.on_step(work("t1", 0))
     assert isinstance(delay, Delay) and delay.work.wait_until is not None
     assert delay.work.wait_until >= time.time() + 1.0
+    [throttled] = [e for e in events.events if e.type == "turn.throttled"]
+    assert (throttled.turn_id, throttled.step) == ("t1", 0)
+    assert throttled.data.model_dump() == {"until": delay.work.wait_until}
     # any other step message for it sends the timeout again; the model is not asked early
     assert await sequencer.on_step(work("t1", 0)) == [delay]
     assert await sequencer.on_step(delay.work) == [delay], "back early: on through the queues"
