@@ -57,8 +57,8 @@ ensure_services() {
 }
 
 # What the test suites need besides RabbitMQ and Redis (the demo needs none of it): PostgreSQL
-# for the memory service, RabbitMQ's Prometheus plugin, and prometheus/promtool (installed with
-# apt-get when missing and run as root).
+# for the memory service, RabbitMQ's Prometheus plugin, prometheus/promtool and Chromium
+# (the last two installed with apt-get when missing and run as root).
 ensure_test_services() {
     # PostgreSQL: the memory service's store (docs/memory.md)
     if ! port_open 127.0.0.1 5432; then
@@ -93,6 +93,18 @@ ensure_test_services() {
                 || echo "warning: could not install prometheus; the alert and dashboard tests will fail" >&2
         else
             echo "warning: prometheus and promtool are not installed (apt-get install prometheus)" >&2
+        fi
+    fi
+    # Chromium: the browser tests (tests/browser) drive Debian's build through Playwright,
+    # which cannot download browsers of its own here
+    if [ ! -x /usr/bin/chromium ]; then
+        if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+            echo "installing Debian's chromium package (/usr/bin/chromium, for tests/browser)" >&2
+            DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 \
+                || { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; } \
+                || echo "warning: could not install chromium; the browser tests will fail" >&2
+        else
+            echo "warning: /usr/bin/chromium is not installed (apt-get install chromium)" >&2
         fi
     fi
 }
