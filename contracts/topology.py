@@ -55,6 +55,15 @@ def intake_tenant(exchange: str | None, routing_key: str | None) -> str | None:
     return tenant if tenant and "." not in tenant else None
 
 
+GATEWAY_CONSOLE_QUEUE: Final = "loopwire.gateway.console"
+"""Classic queue of the HTTP gateway's replicas (durable; the events it holds are transient, as
+published), bound to ``loopwire.events`` for every event (``#``), at most
+``GATEWAY_CONSOLE_MAX`` messages (the oldest dropped): whichever replica takes
+an event folds it into the console's index of turns and tells every replica's open console
+pages (docs/console.md)."""
+
+GATEWAY_CONSOLE_MAX: Final = 100_000
+
 GATEWAY_WEBHOOKS_QUEUE: Final = "loopwire.gateway.webhooks"
 """Quorum queue of the HTTP gateway's replicas, bound to ``loopwire.events`` for every turn's
 end (``#.turn.completed.#``, ``#.turn.failed.#``, ``#.turn.cancelled.#``): whichever replica

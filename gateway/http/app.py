@@ -15,23 +15,25 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
+from aio_pika.abc import AbstractRobustConnection
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from contracts import tenancy
 from contracts.client import TurnRejectedError
 from contracts.events import Event
 from contracts.runtime.amqp import connect
 from contracts.session_client import SessionError
+from gateway.console import Console
 from gateway.http import runs, shapes, webhooks
 from gateway.http.core import SAFE, Call, error
 from gateway.http.errors import RunError
@@ -66,8 +68,10 @@ class Gateway(ThreadRoutes, RunRoutes):
         wait_timeout_s: float,
         registry: CollectorRegistry | None = None,
         webhooks: Webhooks | None = None,
+        console: Console | None = None,
     ) -> None:
         self.fleet = fleet
+        self.console = console
         self.webhooks = webhooks
         self.redis = redis
         self.keys = keys
@@ -77,12 +81,14 @@ class Gateway(ThreadRoutes, RunRoutes):
         self.wait_timeout_s = wait_timeout_s
         self.registry = registry or CollectorRegistry()
         self.metrics = GatewayMetrics(self.registry)
+        if console is not None:
+            console.pages.metrics = self.metrics
 
     # -- the application ----------------------------------------------------------------------
 
     def app(self) -> Starlette:
         a = self._authed
-        routes = [
+        routes: list[BaseRoute] = [
             Route("/ok", self.ok),
             Route("/readyz", self.readyz),
             Route("/metrics", self.prometheus),
@@ -109,24 +115,34 @@ class Gateway(ThreadRoutes, RunRoutes):
             Route("/threads/{thread_id}/runs/{run_id}/join", a(self.join_run)),
             Route("/threads/{thread_id}/runs/{run_id}/stream", a(self.rejoin_stream)),
         ]
+        if self.console is not None:
+            routes.append(self.console.mount())
         return Starlette(routes=routes, lifespan=self._lifespan)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """The webhooks' consumer (webhooks.py) runs for as long as the application."""
-        if self.webhooks is None:
+        """The webhooks' consumer (webhooks.py) and the console's feed (gateway.console.feed)
+        run for as long as the application, on one connection of their own."""
+        served: list[Callable[[AbstractRobustConnection], Coroutine[Any, Any, None]]] = []
+        if self.webhooks is not None:
+            served.append(functools.partial(self.webhooks.serve, payload=self._payload))
+        if self.console is not None:
+            served.append(self.console.serve)
+        if not served:
             yield
             return
         connection = await connect(
-            self.fleet.amqp_urls, name="loopwire-gateway-webhooks", tls=self.fleet.tls
+            self.fleet.amqp_urls, name="loopwire-gateway-feeds", tls=self.fleet.tls
         )
-        task = asyncio.create_task(self.webhooks.serve(connection, self._payload))
+        tasks = [asyncio.create_task(serve(connection)) for serve in served]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await connection.close()
 
     async def _payload(self, tenant: str | None, event: Event) -> dict[str, Any]:
@@ -190,6 +206,8 @@ class Gateway(ThreadRoutes, RunRoutes):
             await self.redis.ping()
         except Exception as exc:
             return error(503, f"Redis does not answer: {type(exc).__name__}")
+        if self.console is not None and not self.console.feed.ready.is_set():
+            return error(503, "the console's feed is not bound to the events yet")
         return JSONResponse({"ok": True})
 
     async def openapi(self, request: Request) -> Response:

@@ -5,7 +5,8 @@ The keys file holds no key, only each key's SHA-256 (so a leaked file opens noth
     {"keys": [{"name": "shop-web", "sha256": "<hex>", "tenant": "shop"}]}
 
 A request names its key in ``x-api-key`` or ``Authorization: Bearer <key>``. ``tenant`` is
-the tenant the gateway acts for with that key (the gateway's broker user must be trusted by
+the tenant the gateway acts for with that key (``admin: true`` lets the key's holder see every
+tenant in the console, docs/console.md) (the gateway's broker user must be trusted by
 the workers, ``LOOPWIRE_TENANTS__TRUSTED``); without it (tenancy off) the key acts for the one
 fleet-wide tenant. ``loopwire gateway key`` makes a key and the line for the file.
 """
@@ -26,6 +27,10 @@ class ApiKey(BaseModel):
     name: str = Field(min_length=1, max_length=100)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the key, hex.")
     tenant: str | None = Field(default=None, description="The tenant it acts for.")
+    admin: bool = Field(
+        default=False,
+        description="In the console, sees every tenant and switches between them (docs/console.md).",
+    )
 
     def model_post_init(self, _: object) -> None:
         if self.tenant is not None and not tenancy.valid(self.tenant):

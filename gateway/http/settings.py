@@ -38,6 +38,17 @@ class GatewayOptions(BaseModel):
         description="Hosts and networks (JSON list: names, addresses, CIDRs) a webhook may "
         "name although internal (private, loopback, link-local).",
     )
+    console: bool = Field(
+        default=True, description="Serve the operator console at /console (docs/console.md)."
+    )
+    console_list_size: int = Field(
+        default=1000, ge=10, le=10_000, description="Turns the console's live list shows."
+    )
+    trace_url: str | None = Field(
+        default=None,
+        description="A trace's address in the tracing UI, with {trace_id} (e.g. "
+        "http://jaeger:16686/trace/{trace_id}): the console links each turn to its trace.",
+    )
     webhook_attempts: int = Field(default=8, ge=1, le=50, description="Tries of a webhook.")
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=300, description="Each try's time.")
 

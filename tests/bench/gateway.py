@@ -1,7 +1,8 @@
 """``--scenario gateway``: what the HTTP gateway adds, over the real broker and Redis.
 
 One loopwire worker, the bench model answering at once, and one gateway process
-(``loopwire gateway serve``, an API key of its own). Each turn is one model call (the agent
+(``loopwire gateway serve``, an API key of its own, the console off: ``--scenario console``
+measures it). Each turn is one model call (the agent
 ``bench_gateway`` has no tools) on a fresh session.
 
 - **Latency added**: ``Plan.gateway_runs`` turns, one at a time, alternating between the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -37,6 +39,43 @@ TARGET_P50_MS = 2.0
 TARGET_KB_PER_STREAM = 64.0
 
 
+def one_call_target(ctx: Any, agent: str, variant: str) -> LoopwireTarget:
+    """A loopwire target whose agent ``agent`` answers in one model call (no tools)."""
+    return LoopwireTarget(
+        ctx.shared,
+        ctx.model,
+        prefetch=ctx.plan.prefetch,
+        steps=1,
+        agents_dir=ctx.agents_dir,
+        extra_env={"LOOPWIRE_GRACE_S": "3"},
+        source=ctx.source,
+        variant=variant,
+        extra_agents=({"name": agent, "tools": []},),
+    )
+
+
+def gateway_proc(ctx: Any, agents_file: Path, **env: str) -> tuple[Proc, str, str]:
+    """``loopwire gateway serve`` on a free port with a key of its own (not started): the
+    process, its URL and the key."""
+    key, entry = new_key("bench", None)
+    keys_file = ctx.agents_dir / "gateway-keys.json"
+    keys_file.write_text(json.dumps({"keys": [entry.model_dump(exclude_none=True)]}))
+    port = free_port()
+    proc = Proc(
+        "loopwire-gateway",
+        ["-m", "worker.cli", "gateway", "serve"],
+        env={
+            "LOOPWIRE_AMQP_URL": AMQP_URL,
+            "LOOPWIRE_REDIS_URL": REDIS_URL,
+            "LOOPWIRE_AGENTS_FILE": str(agents_file),
+            "LOOPWIRE_GATEWAY__PORT": str(port),
+            "LOOPWIRE_GATEWAY__KEYS_FILE": str(keys_file),
+            **env,
+        },
+    )
+    return proc, f"http://127.0.0.1:{port}", key
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -45,33 +84,9 @@ def _pct(values: list[float], q: float) -> float:
 async def gateway(ctx: Any) -> dict[str, Any]:
     """The scenario (``ctx``: ``tests.bench.scenarios.Context``)."""
     plan = ctx.plan
-    target = LoopwireTarget(
-        ctx.shared,
-        ctx.model,
-        prefetch=plan.prefetch,
-        steps=1,
-        agents_dir=ctx.agents_dir,
-        extra_env={"LOOPWIRE_GRACE_S": "3"},
-        source=ctx.source,
-        variant="gateway",
-        extra_agents=({"name": AGENT, "tools": []},),
-    )
-    key, entry = new_key("bench", None)
-    keys_file = ctx.agents_dir / "gateway-keys.json"
-    keys_file.write_text(json.dumps({"keys": [entry.model_dump(exclude_none=True)]}))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = Proc(
-        "loopwire-gateway",
-        ["-m", "worker.cli", "gateway", "serve"],
-        env={
-            "LOOPWIRE_AMQP_URL": AMQP_URL,
-            "LOOPWIRE_REDIS_URL": REDIS_URL,
-            "LOOPWIRE_AGENTS_FILE": str(target.agents_file),
-            "LOOPWIRE_GATEWAY__PORT": str(port),
-            "LOOPWIRE_GATEWAY__KEYS_FILE": str(keys_file),
-        },
-    )
+    target = one_call_target(ctx, AGENT, "gateway")
+    # the API alone: the console's feed (--scenario console) would index every event meanwhile
+    proc, url, key = gateway_proc(ctx, target.agents_file, LOOPWIRE_GATEWAY__CONSOLE="false")
     headers = {"x-api-key": key}
     run = {"assistant_id": AGENT, "input": {"messages": ["hi"]}}
     try:

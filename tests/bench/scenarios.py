@@ -15,6 +15,7 @@ from typing import Any
 
 from tests.bench import budget, micro
 from tests.bench.composed import context, events, streaming, subagent, tracing
+from tests.bench.console import console
 from tests.bench.controls_micro import unused_controls
 from tests.bench.gateway import gateway
 from tests.bench.held import VARIANTS as HELD_VARIANTS
@@ -69,6 +70,9 @@ class Plan:
     """Runs each way (AMQP, HTTP) in the ``gateway`` scenario."""
     gateway_streams: int = 1000
     """Streams open at once in the ``gateway`` scenario."""
+    console_turns: int = 1000
+    """Turns in the ``console`` scenario's list (started at ``console_rate`` a second)."""
+    console_rate: float = 50.0
 
 
 FULL = Plan(
@@ -115,6 +119,7 @@ QUICK = Plan(
     tenant_backlogs=(0, 100),
     gateway_runs=30,
     gateway_streams=100,
+    console_turns=100,
     tenant_delay_s=0.1,
 )
 
@@ -716,6 +721,7 @@ SCENARIOS = {
     "streaming": streaming,
     "tenants": tenants,
     "gateway": gateway,
+    "console": console,
 }
 NOT_QUICK = ("tool",)
 """Scenarios ``--quick`` leaves out unless named (``--scenario``)."""

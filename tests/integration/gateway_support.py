@@ -14,11 +14,23 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import aio_pika
 import aiohttp
 from support_rpc import AMQP_URL, REDIS_URL
 
+from contracts import topology as t
 from gateway.http.keys import new_key
 from harness import ROOT, free_port
+
+
+async def drop_console_queue() -> None:
+    """The console's shared queue of events (gateway/console/feed.py) holds every event since
+    the last gateway stopped (up to its bound): a gateway of a test starts without the other
+    tests' backlog."""
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        channel = await connection.channel()
+        await channel.queue_delete(t.GATEWAY_CONSOLE_QUEUE)
 
 
 class GatewayProcess:
@@ -31,9 +43,12 @@ class GatewayProcess:
         tenants: dict[str, str | None],
         *,
         replica_of: GatewayProcess | None = None,
+        admins: tuple[str, ...] = (),
         **env: str,
     ) -> None:
-        """``replica_of``: another replica, whose keys file this one serves too."""
+        """``replica_of``: another replica, whose keys file this one serves too; ``admins``:
+        the names of the keys that see every tenant in the console."""
+        self.fresh_console = replica_of is None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         folder = Path(tempfile.mkdtemp(prefix="loopwire-gateway-"))
@@ -42,7 +57,9 @@ class GatewayProcess:
         for name, tenant in tenants.items():
             key, entry = new_key(name, tenant)
             self.keys[name] = key
-            entries.append(entry.model_dump(exclude_none=True))
+            if name in admins:
+                entry.admin = True
+            entries.append(entry.model_dump(exclude_none=True, exclude_defaults=True))
         keys_file = folder / "keys.json"
         keys_file.write_text(json.dumps({"keys": entries}))
         if replica_of is not None:
@@ -61,6 +78,8 @@ class GatewayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     async def __aenter__(self) -> GatewayProcess:
+        if self.fresh_console:
+            await drop_console_queue()
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "worker.cli", "gateway", "serve"],

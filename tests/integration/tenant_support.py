@@ -36,6 +36,17 @@ def tenant_worker(
     return WorkerProcess(model_url=model.base_url, agents_file=path, extra_env=settings)
 
 
+def trusting_worker(model: ScriptedModel, agents: Path, tenants: tuple[str, ...]) -> WorkerProcess:
+    """A worker with tenancy on that trusts the test's broker user to act for ``tenants`` (the
+    gateway's way), each tenant's intake queue kept (a queue bound for a tenant that no worker
+    consumes would hold its requests: docs/tenants.md)."""
+    settings = {
+        "LOOPWIRE_TENANTS__ENABLED": "true",
+        "LOOPWIRE_TENANTS__INTAKE": json.dumps(list(tenants)),
+    }
+    return WorkerProcess(model_url=model.base_url, agents_file=agents, extra_env=settings)
+
+
 def drop_intake_queues(tenants: tuple[str, ...]) -> None:
     """The tenants' intake queues (worker/transport/intake.py), which outlive the workers that
     consumed them: a later test's workers may keep none for these tenants."""

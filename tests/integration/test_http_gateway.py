@@ -25,7 +25,7 @@ from langgraph_sdk import get_client
 from redis.asyncio import Redis
 from standardwebhooks.webhooks import Webhook
 from support_rpc import AMQP_URL, wait_until
-from tenant_support import drop_intake_queues
+from tenant_support import drop_intake_queues, trusting_worker
 
 from contracts import topology as t
 from harness import WorkerProcess, free_port
@@ -195,16 +195,7 @@ async def test_a_tenants_key_reaches_its_own_threads_only(
 ) -> None:
     agents = tmp_path / "agents.json"
     agents.write_text(json.dumps({"agents": [{"name": "support", "tools": []}]}))
-    worker = WorkerProcess(
-        model_url=scripted_model.base_url,
-        agents_file=agents,
-        # the tenants' intake queues, as every tenant test's workers keep them (a queue bound
-        # for a tenant that no worker consumes would hold its requests: docs/tenants.md)
-        extra_env={
-            "LOOPWIRE_TENANTS__ENABLED": "true",
-            "LOOPWIRE_TENANTS__INTAKE": '["acme", "globex"]',
-        },
-    )
+    worker = trusting_worker(scripted_model, agents, ("acme", "globex"))
     tenants = {"acme-key": "acme", "globex-key": "globex"}
     async with worker, GatewayProcess(agents, tenants) as gateway:
         async with (

@@ -23,6 +23,7 @@ from contracts.runtime.amqp import resolve_urls
 from contracts.runtime.loading import SettingsError, load, sentence
 from contracts.runtime.metrics import build_info
 from contracts.runtime.redis_client import RedisUnreachableError, check, redis_client
+from gateway.console import Console
 from gateway.http.app import Gateway
 from gateway.http.fleet import Fleet
 from gateway.http.keys import ApiKeys, new_key
@@ -148,7 +149,18 @@ async def run_gateway_serve(s: GatewaySettings) -> int:
             )
         except Exception as exc:  # the library's own error for a secret it cannot use
             raise CliError(f"LOOPWIRE_GATEWAY__WEBHOOK_SECRET: {exc}", exits.USAGE) from None
+    console = None
+    if g.console:
+        console = Console(
+            keys=keys,
+            fleet=fleet,
+            redis=redis,
+            ttl_s=s.state_ttl_s,
+            list_size=g.console_list_size,
+            trace_url=g.trace_url,
+        )
     gateway = Gateway(
+        console=console,
         fleet=fleet,
         redis=redis,
         keys=keys,
