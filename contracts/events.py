@@ -84,6 +84,12 @@ class StepCompleted(Contract):
         description="The model that answered, as the endpoint named it.",
         exclude_if=lambda value: value is None,
     )
+    cost_usd: float = Field(
+        default=0.0,
+        ge=0,
+        description="What the step's model call cost, from the workers' price table.",
+        exclude_if=lambda cost: cost == 0.0,  # added to v1: written only when set
+    )
     provider: str | None = Field(
         default=None,
         description="The provider that answered, when not 'default'.",

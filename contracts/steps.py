@@ -31,6 +31,12 @@ class ModelResponse(Contract):
         description="The provider that answered, when not 'default'.",
         exclude_if=lambda value: value is None,
     )
+    cost_usd: float = Field(
+        default=0.0,
+        ge=0,
+        description="What this call cost, from the workers' price table at the time.",
+        exclude_if=lambda cost: cost == 0.0,  # added to v1: written only when set
+    )
 
 
 class ToolExecution(Contract):

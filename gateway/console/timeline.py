@@ -54,6 +54,7 @@ class ModelCall:
     completion_tokens: int
     duration_s: float
     finish_reason: str
+    cost_usd: float
     tools: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -112,6 +113,7 @@ def build(
             completion_tokens=usage.completion_tokens if usage is not None else 0,
             duration_s=response.duration_s if response is not None else 0.0,
             finish_reason=response.finish_reason if response is not None else "",
+            cost_usd=response.cost_usd if response is not None else 0.0,
             errors=list(step.errors),
         )
         for ex in step.tool_executions:

@@ -64,7 +64,12 @@ async def console(
 ) -> AsyncIterator[Console]:
     agents = tmp_path / "agents.json"
     agents.write_text(json.dumps(_agents(lookup.name)))
-    worker = WorkerProcess(model_url=scripted_model.base_url, agents_file=agents)
+    prices = json.dumps({"test-model": {"input_per_m": 1000.0, "output_per_m": 1000.0}})
+    worker = WorkerProcess(
+        model_url=scripted_model.base_url,
+        agents_file=agents,
+        extra_env={"LOOPWIRE_PRICES": prices, "LOOPWIRE_MODEL__MODEL": "test-model"},
+    )
     client = LoopwireClient(AMQP_URL)
     async with worker, GatewayProcess(agents, {"ops": None}) as gateway:
         await client.connect()
@@ -116,6 +121,10 @@ async def test_a_turn_appears_live_waits_for_approval_and_finishes_when_approved
     await expect(row(page, handle.turn_id).locator(".status")).to_have_text("done", timeout=SEEN)
     await row(page, handle.turn_id).get_by_role("link", name=handle.turn_id).click()
     await expect(page.get_by_role("heading", name="Step 0: model call")).to_be_visible()
+    # 40 tokens in and 5 out at $1,000 a million each
+    await expect(page.locator('.step[data-step="1"] .meta')).to_contain_text(
+        "40 in / 5 out tokens · $0.0450"
+    )
     tool = page.locator('.tool[data-call="c1"]')
     await expect(tool.locator(".outcome")).to_have_text("ok")
     await expect(tool.locator(".arguments")).to_contain_text('"q": "shoes"')

@@ -115,6 +115,8 @@ async def test_a_spent_turn_budget_gets_one_last_answer_without_tools(
     assert list(last.tools) == [], "the last call is offered no tools"
     assert last.messages[-1].content is not None and "budget" in last.messages[-1].content
     assert result.cost_usd == pytest.approx(0.01 * (tool_steps + 1))
+    steps = [e.data for e in rig.events.events if e.type == "step.completed"]
+    assert [s.cost_usd for s in steps] == [0.01] * (tool_steps + 1), "each call's own cost"
     [spent] = rig.exhausted()
     assert (spent.budget, spent.final_call) == (name, True)
     rig.model.assert_done()

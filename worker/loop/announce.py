@@ -153,6 +153,7 @@ def step_completed(record: StepExecution) -> StepCompleted:
         model_duration_s=response.duration_s if response else 0.0,
         model=response.model or None if response else None,
         provider=response.provider if response else None,
+        cost_usd=response.cost_usd if response else 0.0,
         input_messages=step.input_count if step.sent_tokens is not None else None,
         input_tokens_estimate=step.sent_tokens,
         summarized=step.summarized,

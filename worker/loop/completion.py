@@ -79,6 +79,9 @@ class Completion(Composer):
         ctx = HookContext(state=state, agent=agent, step=call.index)
         response = await self.hooks.after_model(ctx, response)
         response = unique_call_ids(response, call.taken, call.index)
+        cost = self.price(call.model, response.usage)
+        if cost:
+            response = response.model_copy(update={"cost_usd": cost})
         content = response.message.content
         pending = PendingStep(
             index=call.index,
@@ -99,7 +102,7 @@ class Completion(Composer):
             state,
             pending=pending,
             usage=ex.usage + response.usage,
-            cost_usd=ex.cost_usd + self.price(call.model, response.usage),
+            cost_usd=ex.cost_usd + cost,
             last_content=content if content else ex.last_content,
             stop_signal=ex.stop_signal or ctx.stop_signal,
             context_forced=False,
