@@ -153,6 +153,7 @@ class Pages:
     # -- the live list --------------------------------------------------------------------------
 
     async def turns(self, request: Request, seen: Viewer) -> Response:
+        read_at = time.time()  # the page's script asks for what changed since (``rows``)
         rows = await self.index.rows(seen.tenant, self.list_size)
         wanted = {k: request.query_params.get(k, "") for k in ("agent", "status", "session")}
         counts = Counter(r.status for r in rows)
@@ -166,11 +167,20 @@ class Pages:
             statuses=STATUSES,
             agents=sorted({r.agent for r in rows}),
             wanted=wanted,
+            read_at=read_at,
         )
 
     async def rows(self, request: Request, seen: Viewer) -> Response:
-        """The list as JSON (what the page's script and programs read)."""
-        rows = await self.index.rows(seen.tenant, self.list_size)
+        """The list as JSON (what the page's script and programs read); ``?since=<time>``: the
+        rows changed since (the list's script asks, once its live feed is open, for what
+        changed between the page's read and the feed's start)."""
+        try:
+            since = float(request.query_params.get("since", "0"))
+        except ValueError:
+            return Response("since is a time in seconds", status_code=422)
+        rows = [
+            r for r in await self.index.rows(seen.tenant, self.list_size) if r.updated_at >= since
+        ]
         return Response(json.dumps([r.public() for r in rows]), media_type="application/json")
 
     async def live(self, request: Request, seen: Viewer) -> Response:

@@ -60,10 +60,7 @@ function followList(table) {
     const el = counts[status];
     if (el) el.textContent = String(Number(el.textContent) + by);
   }
-  const source = new EventSource(table.dataset.live);
-  source.addEventListener("reload", () => window.location.reload());
-  source.addEventListener("row", (message) => {
-    const row = JSON.parse(message.data).row;
+  function applyRow(row) {
     const before = known.get(row.turn_id);
     if (before !== row.status) {
       if (before) count(before, -1);
@@ -86,6 +83,14 @@ function followList(table) {
       if (empty) empty.remove();
     }
     renderRow(tr, row);
+  }
+  const source = new EventSource(table.dataset.live);
+  source.addEventListener("reload", () => window.location.reload());
+  source.addEventListener("row", (message) => applyRow(JSON.parse(message.data).row));
+  // the feed is open: what changed between the page's read and now comes once more
+  source.addEventListener("ready", async () => {
+    const response = await fetch("/console/rows?since=" + table.dataset.since);
+    if (response.ok) (await response.json()).forEach(applyRow);
   });
 }
 
@@ -112,6 +117,8 @@ function followTurn(box) {
     if (response.ok) {
       box.innerHTML = await response.text();
       openInPlace(box);
+      const now = document.getElementById("fragment-status");
+      if (now && status) status.textContent = now.textContent;
     }
   }
   function soon() {
@@ -119,14 +126,20 @@ function followTurn(box) {
   }
   const source = new EventSource(box.dataset.live);
   source.addEventListener("reload", soon);
+  source.addEventListener("ready", soon);  // what changed between the page's read and now
   source.addEventListener("delta", (message) => {
     const d = JSON.parse(message.data);
     if (d.turn_id !== box.dataset.turn) return;
     const parts = d.restarted || !steps.has(d.step) ? [] : steps.get(d.step);
     parts[d.seq] = d.text;
     steps.set(d.step, parts);
-    text.textContent = [...steps.keys()].sort((a, b) => a - b)
-      .map((k) => steps.get(k).join("")).join("\n");
+    // a page that joined late, or a gap in seq: "…" where text is missing (the step's saved
+    // answer shows in the timeline once the step completes)
+    text.textContent = [...steps.keys()].sort((a, b) => a - b).map((k) => {
+      const got = steps.get(k);
+      return Array.from(got, (piece) => (piece === undefined ? "…" : piece)).join("")
+        .replace(/…+/g, "…");
+    }).join("\n");
     document.getElementById("live-text-section").hidden = false;
   });
   source.addEventListener("row", (message) => {
