@@ -5,7 +5,8 @@ The tool's name is the agent's (or workflow's). Its arguments are the agent-as-t
 one conversation (the agent sees the earlier exchanges), none runs each call in a fresh
 session. An agent with structured output lists it as the tool's ``outputSchema`` (under an
 ``output`` property when its root is not an object, which MCP versions before 2026-07-28
-require) and answers with it as ``structuredContent``.
+require) and answers with it as ``structuredContent``; so does a workflow whose output's
+schema its nodes tell (``worker.cli.mcp`` derives it).
 
 A turn that answered (``finish_reason`` ``stop``, ``length`` or ``budget``: a budget's end is
 a graceful answer) is a result; any other end (failed, cancelled, stopped at its iteration

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,11 @@ FAST = {  # restart at once and notice a dead session within a second
 }
 
 
+SERVABLE = ["add", "echo", "fail", "slow", "picture", "getenv", "grow", "extra", "freeze"]
+SERVABLE += ["reshape", "get_current_time", "convert_time"]
+"""Every tool the test servers may list: their queues (under each prefix) go at the end."""
+
+
 def stdio_fixture(name: str, **extra: Any) -> dict[str, Any]:
     return {
         "name": name,
@@ -64,41 +70,96 @@ async def offered(redis: Redis, *names: str) -> bool:
     return all(name in tools for name in names)
 
 
-@pytest.fixture
-async def http_fixture(tmp_path: Path) -> AsyncIterator[str]:
-    """The fixture server on Streamable HTTP; its URL once it accepts connections."""
-    port = free_port()
-    log = (tmp_path / "http-server.log").open("wb")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MCP_FIXTURE_LOG": str(tmp_path / "calls.log")}
-    process = subprocess.Popen(
-        [sys.executable, *FIXTURE, "http", str(port)], cwd=REPO, env=env, stdout=log, stderr=log
-    )
+async def withdrawn(redis: Redis, *names: str) -> bool:
+    tools = await live_tools(redis)
+    return not any(name in tools for name in names)
 
-    async def accepting() -> bool:
+
+def restart_delays(output: str, server: str) -> list[float]:
+    """The delays the bridge said it waits before each new start of ``server``."""
+    found = re.findall(rf"MCP server {server}: starting again in ([0-9.e+-]+)s", output)
+    return [float(delay) for delay in found]
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def pid_of(log: Path, prefix: str) -> int:
+    return int(next(line for line in lines(log) if line.startswith(prefix)).split()[-1])
+
+
+class HttpServer:
+    """The fixture server on Streamable HTTP, on a port of its own that it keeps across a
+    ``stop()`` (SIGKILL) and a ``start()`` again: a server that goes away and comes back."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.tmp_path = tmp_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        """Start it; back once it accepts connections."""
+        log = (self.tmp_path / "http-server.log").open("ab")
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env["MCP_FIXTURE_LOG"] = str(self.tmp_path / "calls.log")
+        with log:
+            self.process = subprocess.Popen(
+                [sys.executable, *FIXTURE, "http", str(self.port)],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=log,
+            )
+        await wait_until(self.accepting, timeout=20)
+
+    async def accepting(self) -> bool:
         with contextlib.suppress(OSError):
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            _, writer = await asyncio.open_connection("127.0.0.1", self.port)
             writer.close()
             return True
         return False
 
+    async def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            await asyncio.to_thread(self.process.wait, 10)
+
+
+@pytest.fixture
+async def http_server(tmp_path: Path) -> AsyncIterator[HttpServer]:
+    server = HttpServer(tmp_path)
+    await server.start()
     try:
-        await wait_until(accepting, timeout=20)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield server
     finally:
-        process.kill()
-        process.wait(10)
-        log.close()
+        await server.stop()
+
+
+@pytest.fixture
+def http_fixture(http_server: HttpServer) -> str:
+    """The fixture server on Streamable HTTP; its URL once it accepts connections."""
+    return http_server.url
 
 
 @pytest.fixture
 def bridge(spawn: Any, queues: list[str], tmp_path: Path, uid: str) -> Callable[..., Any]:
     """``await bridge(config, tools)``: a bridge process serving ``config``; ``tools`` are
-    the tool names it will serve (their queues are deleted at the end)."""
+    the tool names it will serve (their queues, and those of every tool its servers may
+    list, are deleted at the end)."""
 
     async def start(config: dict[str, Any], tools: list[str], **env: str) -> Any:
         path = tmp_path / f"mcp-{uid}-{len(queues)}.json"
         path.write_text(json.dumps(config))
         queues.extend(tool_queue(name) for name in tools[1:])
+        prefixes = [server["prefix"] for server in config["servers"] if "prefix" in server]
+        queues.extend(tool_queue(f"{p}_{tool}") for p in prefixes for tool in SERVABLE)
         return await spawn(
             "tool_services.mcp",
             tool=tools[0],
@@ -361,5 +422,132 @@ async def test_a_server_killed_mid_call_tells_the_model_through_a_worker(
     assert "went away during the call" in told
     await wait_until(lambda: offered(redis, *names), timeout=30)  # started again
     assert "MCP server dies: starting again" in process.output()
+    process.signal(signal.SIGTERM)
+    assert await process.wait() == 0, process.output()
+
+
+async def test_an_http_server_that_goes_away_is_withdrawn_reconnected_with_backoff_and_back(
+    bridge: Any, caller: RpcCaller, redis: Redis, http_server: HttpServer, uid: str
+) -> None:
+    """An HTTP server killed while idle: the next ping (``HEALTH_INTERVAL_S``, 0.5 s here)
+    finds the connection refused, its tools are withdrawn and answer ``tool unavailable``;
+    the bridge tries again and again, each time later (0.2 s doubling to 1 s), and once the
+    server listens again its tools are announced again and answer."""
+    prefix = f"r{uid}"
+    names = [f"{prefix}_echo", f"{prefix}_add"]
+    server = {"name": "web", "prefix": prefix, "http": {"url": http_server.url}}
+    process = await bridge({"servers": [{**server, "allow": ["echo", "add"]}]}, names)
+    await wait_until(lambda: offered(redis, *names), timeout=30)
+    echo = caller.request(names[0], {"text": "before"}, turn_id=f"t-{uid}")
+    reply = await caller.call(echo)
+    assert (reply.status, reply.value) == ("ok", {"result": "before"}), process.output()
+
+    await http_server.stop()
+    await wait_until(lambda: withdrawn(redis, *names), timeout=10)  # 0.5 s, and the load
+    reply = await caller.call(caller.request(names[0], {"text": "away"}, turn_id=f"t-{uid}"))
+    assert (reply.status, reply.error) == (
+        "error",
+        "tool unavailable: the MCP server 'web' is not connected",
+    )
+    await wait_until(lambda: len(restart_delays(process.output(), "web")) >= 4, timeout=15)
+
+    await http_server.start()
+    await wait_until(lambda: offered(redis, *names), timeout=15)
+    add = caller.request(names[1], {"terms": [4, 5]}, turn_id=f"t-{uid}")
+    reply = await caller.call(add)
+    assert (reply.status, reply.value) == ("ok", {"total": 9, "terms": [4, 5]}), process.output()
+    assert restart_delays(process.output(), "web")[:4] == [0.2, 0.4, 0.8, 1.0]
+    process.signal(signal.SIGTERM)
+    assert await process.wait() == 0, process.output()
+
+
+async def test_a_hung_server_is_found_by_its_ping_and_restarted_while_another_serves(
+    bridge: Any, caller: RpcCaller, redis: Redis, tmp_path: Path, uid: str
+) -> None:
+    """A stdio server whose event loop blocks for good (``freeze``): the process lives, nothing
+    is answered. The call that froze it is answered within its own time (1 s); the next ping
+    gets no answer within ``PING_TIMEOUT_S`` (4 s here), and the server's tools are withdrawn
+    at once, before its process is stopped (which takes the SDK's seconds of grace), then it
+    is started again. The other server's tools are served throughout."""
+    hung, other, refuse = f"g{uid}", f"v{uid}", tmp_path / "refuse"
+    frozen = stdio_fixture("hung", prefix=hung, allow=["freeze", "echo"])
+    frozen["stdio"]["env"].append("MCP_FIXTURE_REFUSE_FILE")
+    frozen["tools"] = {"freeze": {"timeout_s": 1}}
+    names = [f"{hung}_freeze", f"{hung}_echo", f"{other}_echo"]
+    config = {"servers": [frozen, stdio_fixture("other", prefix=other, allow=["echo"])]}
+    env = {"MCP_FIXTURE_REFUSE_FILE": str(refuse), "LOOPWIRE_MCP__PING_TIMEOUT_S": "4"}
+    process = await bridge(config, names, **env)
+    await wait_until(lambda: offered(redis, *names), timeout=30)
+    refuse.touch()  # the hung one cannot start again until the file goes
+
+    async def echo(tool: str, text: str) -> tuple[str, Any, str | None]:
+        reply = await caller.call(caller.request(tool, {"text": text}, turn_id=f"t-{uid}"))
+        return reply.status, reply.value, reply.error
+
+    freeze = caller.request(names[0], {}, turn_id=f"t-{uid}", deadline_s=30)
+    reply = await caller.call(freeze, timeout=20)
+    assert (reply.status, reply.error) == ("error", "timed out after 1s"), process.output()
+    pid = pid_of(tmp_path / "calls.log", "start freeze")
+    assert running(pid)
+    assert await echo(names[2], "meanwhile") == ("ok", {"result": "meanwhile"}, None)
+
+    async def withdrawn_while_it_still_runs() -> bool:
+        if not await withdrawn(redis, *names[:2]):
+            return False
+        assert running(pid), "its tools were withdrawn only once the hung process was gone"
+        return True
+
+    await wait_until(withdrawn_while_it_still_runs, timeout=15)  # 0.5 + 4 s, and the load
+    assert await offered(redis, names[2])
+    assert await echo(names[1], "hung") == (
+        "error",
+        None,
+        "tool unavailable: the MCP server 'hung' is not connected",
+    )
+    assert await echo(names[2], "still") == ("ok", {"result": "still"}, None)
+    await wait_until(lambda: not running(pid), timeout=15)  # the hung process is stopped
+
+    refuse.unlink()
+    await wait_until(lambda: offered(redis, *names), timeout=15)
+    assert await echo(names[1], "back") == ("ok", {"result": "back"}, None), process.output()
+    assert "MCP server hung: session lost or not started: " in process.output()
+    assert "no answer to a ping within 4s" in process.output()
+    process.signal(signal.SIGTERM)
+    assert await process.wait() == 0, process.output()
+
+
+async def test_a_tool_list_that_changes_silently_is_listed_again_after_its_ttl(
+    bridge: Any, caller: RpcCaller, redis: Redis, tmp_path: Path, uid: str
+) -> None:
+    """``reshape`` adds ``extra`` and removes ``fail`` without a ``list_changed``
+    notification: once ``list_ttl_s`` (1 s) passed, the tools are listed again, ``extra`` is
+    announced and answers, ``fail`` is withdrawn and answers ``tool unavailable``."""
+    prefix = f"l{uid}"
+    server = stdio_fixture("listed", prefix=prefix, list_ttl_s=1)
+    names = [f"{prefix}_reshape", f"{prefix}_fail", f"{prefix}_echo", f"{prefix}_extra"]
+    process = await bridge({"servers": [server]}, names)
+    await wait_until(lambda: offered(redis, *names[:3]), timeout=30)
+    assert not await offered(redis, names[3])
+
+    reshape = caller.request(names[0], {}, turn_id=f"t-{uid}")
+    reply = await caller.call(reshape)
+    assert (reply.status, reply.value) == ("ok", {"result": "reshaped"}), process.output()
+
+    async def relisted() -> bool:
+        return await offered(redis, names[3]) and await withdrawn(redis, names[1])
+
+    await wait_until(relisted, timeout=15)  # 1 s + a health interval, and the load
+    reply = await caller.call(caller.request(names[3], {}, turn_id=f"t-{uid}"))
+    assert (reply.status, reply.value) == ("ok", {"result": "extra ran"}), process.output()
+    fail = caller.request(names[1], {"message": "no"}, turn_id=f"t-{uid}")
+    reply = await caller.call(fail)
+    assert (reply.status, reply.error) == (
+        "error",
+        "tool unavailable: its MCP server no longer offers it",
+    )
+    assert await offered(redis, names[0], names[2])
+    output = process.output()
+    assert "MCP server listed: listed 9 tool(s) (ttl)" in output, output
+    assert "(changed)" not in output
     process.signal(signal.SIGTERM)
     assert await process.wait() == 0, process.output()

@@ -1,6 +1,7 @@
 """``loopwire mcp serve`` driven by the ``mcp`` SDK's own client, over stdio and Streamable
 HTTP, in front of a real worker: agents listed as tools, a call answered, a session kept
-across calls, a call cancelled, a call waiting for a human decision reported as such."""
+across calls, a call cancelled, a call waiting for a human decision reported as such (and
+answered when nobody decides in time)."""
 
 from __future__ import annotations
 
@@ -37,16 +38,42 @@ CLASSIFY_SCHEMA = {
 }
 
 
-def agents_file(tmp_path: Path, tool: str) -> Path:
+def agents_file(tmp_path: Path, tool: str, approval_timeout_s: float = 3600) -> Path:
     path = tmp_path / "agents.json"
-    agents = [
+    refunds = {"name": "refunds", "tools": [tool], "approval": [tool], "mcp": True}
+    refunds["approval_timeout_s"] = approval_timeout_s
+    agents: list[dict[str, Any]] = [
         {"name": "support", "description": "Answers support questions.", "tools": [tool]},
-        {"name": "refunds", "tools": [tool], "approval": [tool], "mcp": True},
+        refunds,
         {"name": "classifier", "tools": [], "output_schema": CLASSIFY_SCHEMA, "mcp": True},
         {"name": "internal", "tools": []},
     ]
     agents[0]["mcp"] = {"description": "Ask support anything."}
     path.write_text(json.dumps({"agents": agents}))
+    return path
+
+
+def workflows_file(tmp_path: Path) -> Path:
+    """Workflows offered as tools: their output schemas come from their nodes."""
+    path = tmp_path / "workflows.json"
+    agents = [
+        {"name": "classifier", "tools": [], "output_schema": CLASSIFY_SCHEMA},
+        {"name": "writer", "tools": []},
+    ]
+    workflows = [
+        {"name": "sort", "kind": "sequential", "mcp": True, "description": "Restate, then sort.",
+         "nodes": [{"run": "writer"}, {"run": "classifier"}]},
+        {"name": "both", "kind": "parallel", "mcp": True,
+         "nodes": [{"run": "classifier"}, {"run": "writer"}]},
+        {"name": "drafts", "kind": "sequential", "mcp": True,
+         "nodes": [{"run": "classifier"}, {"run": "writer"}]},
+        {"name": "polish", "kind": "loop", "mcp": True, "node": {"run": "classifier"},
+         "until": {"field": "category", "equals": "billing"}},
+        {"name": "route", "kind": "conditional", "mcp": True, "node": {"run": "classifier"},
+         "on": "category", "routes": {"billing": {"run": "classifier", "id": "again"},
+                                      "technical": {"run": "both"}}},
+    ]  # fmt: skip
+    path.write_text(json.dumps({"agents": agents, "workflows": workflows}))
     return path
 
 
@@ -203,6 +230,44 @@ async def test_over_stdio_agents_are_tools_that_answer_and_keep_a_session(
     assert wrong.is_error and "input" in text_of(wrong)
 
 
+async def test_a_workflow_lists_the_output_schema_of_its_last_node_and_answers_with_it(
+    scripted_model: ScriptedModel, client: LoopwireClient, server_log: TextIO, tmp_path: Path
+) -> None:
+    agents = workflows_file(tmp_path)
+    scripted_model.expect(Reply.text("The customer was charged twice."))
+    scripted_model.expect(Reply.text('{"category": "billing"}'))
+    async with (
+        WorkerProcess(model_url=scripted_model.base_url, agents_file=agents) as worker,
+        over_stdio(agents, server_log) as mcp,
+    ):
+        listed = {tool.name: tool for tool in (await mcp.list_tools()).tools}
+        sorted_ = await mcp.call_tool("sort", {"input": "I paid twice for order 7."})
+    assert worker.errors() == []
+    assert sorted(listed) == ["both", "drafts", "polish", "route", "sort"]
+    assert listed["sort"].output_schema == CLASSIFY_SCHEMA  # its last node's
+    assert listed["polish"].output_schema == CLASSIFY_SCHEMA
+    assert listed["drafts"].output_schema is None  # its last node answers with text
+    both = {
+        "type": "object",
+        "properties": {
+            "classifier": {"anyOf": [CLASSIFY_SCHEMA, {"type": "string"}]},
+            "writer": {"type": "string"},
+        },
+        "required": ["classifier", "writer"],
+        "additionalProperties": False,
+    }
+    assert listed["both"].output_schema == both
+    assert listed["route"].output_schema == {  # one branch's or the other's: not an object
+        "type": "object",
+        "properties": {"output": {"anyOf": [CLASSIFY_SCHEMA, both]}},
+        "required": ["output"],
+    }
+    assert (sorted_.is_error, sorted_.structured_content) == (False, {"category": "billing"})
+    assert json.loads(text_of(sorted_)) == {"category": "billing"}
+    asked = [m["content"] for m in scripted_model.requests[1]["messages"] if m["role"] == "user"]
+    assert asked == ["The customer was charged twice."]  # the first node's answer
+
+
 async def test_over_http_a_cancelled_call_cancels_its_turn(
     scripted_model: ScriptedModel,
     lookup: CountingToolService,
@@ -294,6 +359,49 @@ async def test_a_call_whose_turn_waits_for_a_decision_says_so_until_it_is_decide
         assert told.group(0) in logs
     else:
         assert logs == []
+
+
+async def test_a_call_whose_decision_never_comes_answers_with_the_turns_outcome(
+    scripted_model: ScriptedModel,
+    lookup: CountingToolService,
+    client: LoopwireClient,
+    server_log: TextIO,
+    tmp_path: Path,
+) -> None:
+    """Nobody decides: the wait is reported (and reminded) until the agent's
+    ``approval_timeout_s`` (2 s) rejects the call; the turn goes on, and the MCP call answers
+    with its outcome, never hanging on a decision that will not come."""
+    agents = agents_file(tmp_path, lookup.name, approval_timeout_s=2)
+    scripted_model.expect(Reply.tool_calls((lookup.name, {"q": "refund 30"}), content="Asking."))
+    scripted_model.expect(Reply.text("Nobody approved the refund."))
+    progress = Progress()
+    metrics_port = free_port()
+    extra = ("--remind-every", "0.5", "--metrics-port", str(metrics_port))
+    async with (
+        WorkerProcess(model_url=scripted_model.base_url, agents_file=agents) as worker,
+        over_stdio(agents, server_log, *extra) as mcp,
+    ):
+        async with asyncio.timeout(30):  # the approval's 2 s, the turn's steps and the load
+            answer = await mcp.call_tool(
+                "refunds", {"input": "refund me"}, progress_callback=progress
+            )
+        metrics = await _metrics(metrics_port)
+    assert worker.errors() == []
+    assert (answer.is_error, text_of(answer)) == (False, "Nobody approved the refund.")
+    assert answer.meta is not None and answer.meta["loopwire/finish_reason"] == "stop"
+    told = await progress.wait_for(r"waiting for a human decision on call (\S+) \(tool (\S+)\)")
+    call_id, tool = told.groups()
+    assert tool == lookup.name
+    decided = progress.messages.index(f"call {call_id}: reject by timeout")
+    waited = [i for i, m in enumerate(progress.messages) if m.startswith("waiting for")]
+    assert max(waited) < decided, progress.messages  # told while it waited, not after
+    [seen] = [m["content"] for m in scripted_model.requests[1]["messages"] if m["role"] == "tool"]
+    assert "rejected by timeout: no decision within" in seen
+    assert sum(lookup.executions.values()) == 0
+    assert 'loopwire_mcp_calls_waiting_for_approval{tool="refunds"} 0.0' in metrics
+    assert 'loopwire_mcp_call_duration_seconds_count{outcome="answered",tool="refunds"} 1.0' in (
+        metrics
+    )
 
 
 async def test_over_stdio_a_call_cancelled_while_it_waits_for_a_decision_cancels_its_turn(

@@ -3,8 +3,14 @@
 ``python -m tests.mcp_fixtures.server stdio`` or ``... http PORT`` (Streamable HTTP on
 127.0.0.1:PORT, path ``/mcp``). With ``MCP_FIXTURE_LOG`` set, each tool appends a line there
 as it starts and ends (``start slow <id>``, ``end slow <id>``, ``cancelled slow <id>``), so a
-test can see what ran, and how often, without sleeping (``slow`` logs its pid too). While the
-file ``MCP_FIXTURE_REFUSE_FILE`` names exists, the server exits at once instead of starting.
+test can see what ran, and how often, without sleeping (``slow`` and ``freeze`` log their pid
+too). While the file ``MCP_FIXTURE_REFUSE_FILE`` names exists, the server exits at once instead
+of starting.
+
+Two tools change the server itself: ``freeze`` blocks its event loop for good (a server that
+hangs: the process lives, nothing is answered, not even a ping), and ``reshape`` adds the tool
+``extra`` and removes ``fail`` without telling the client (no ``notifications/tools/
+list_changed``: only a client that lists again sees it).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -76,7 +83,26 @@ def build() -> MCPServer:
         await ctx.session.send_tool_list_changed()
         return "grown"
 
+    _add_changing(server)
     return server
+
+
+def _add_changing(server: MCPServer) -> None:
+    """The tools that change the server itself."""
+
+    @server.tool(description="Hang the whole server: its event loop blocks for good.")
+    async def freeze() -> str:
+        _log(f"start freeze {os.getpid()}")
+        while True:
+            time.sleep(3600)  # blocks the loop: no request, no ping is answered any more
+
+    @server.tool(description="Add 'extra' and remove 'fail', without telling the client.")
+    async def reshape() -> str:
+        if "extra" not in {t.name for t in await server.list_tools()}:
+            server.add_tool(_extra, name="extra", description="Appears at run time.")
+            server.remove_tool("fail")
+        _log("start reshape")
+        return "reshaped"
 
 
 def _extra() -> str:

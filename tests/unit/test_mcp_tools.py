@@ -87,7 +87,9 @@ def test_the_agents_file_marks_what_is_exposed(tmp_path: Any) -> None:
     tools = {t.name: t for t in exposed_tools(path)}
     assert sorted(tools) == ["a", "b", "w"]
     assert (tools["a"].description, tools["b"].description) == ("A.", "Bee.")
-    assert tools["b"].output_schema == {"type": "object"} and tools["w"].output_schema is None
+    assert tools["b"].output_schema == {"type": "object"} and tools["w"].output_schema == {
+        "type": "object"
+    }
     path.write_text('{"agents": [{"name": "a"}]}')
     with pytest.raises(CliError, match='no agent or workflow is marked "mcp"'):
         exposed_tools(path)

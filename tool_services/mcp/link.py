@@ -5,8 +5,12 @@ for Streamable HTTP), lists the tools, then keeps it: the tools are listed again
 server says its list changed or ``list_ttl_s`` passed, the session is pinged every
 ``health_interval_s``. A session that fails (the process exits, the connection drops, a ping
 or a listing goes unanswered, a call finds the connection closed) is closed and started again
-after a delay that doubles from ``restart_min_s`` to ``restart_max_s``. The session's context
-is entered and left in that one task, as the SDK requires; calls come from other tasks.
+after a delay that doubles from ``restart_min_s`` to ``restart_max_s``. Its tools are withdrawn
+as soon as the failure is seen, before the session is closed: closing a stdio child that hangs
+takes the SDK's grace (stdin closed, seconds, then SIGTERM and SIGKILL), and a call in that
+while must answer ``tool unavailable``, not be sent to a session that is going. The session's
+context is entered and left in that one task, as the SDK requires; calls come from other
+tasks.
 
 A stdio child gets exactly the environment variables the configuration names: the SDK would
 add HOME, PATH and a few more, so the child is started through ``env -u NAME ...``, the
@@ -135,7 +139,10 @@ class ServerLink:
                     log.info(
                         "MCP server %s: connected, %d tool(s)", self.server.name, len(self.tools)
                     )
-                    await self._keep(session)
+                    try:
+                        await self._keep(session)
+                    finally:  # withdrawn now: closing a hung child takes the SDK's seconds
+                        self._set_session(None)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -196,7 +203,7 @@ class ServerLink:
         )
 
     async def _keep(self, session: ClientSession) -> None:
-        """Until the session fails: list again when asked or stale, ping when idle."""
+        """Until the session fails: list again when asked or stale, else ping."""
         interval = self.settings.health_interval_s
         next_list = time.monotonic() + self.server.list_ttl_s
         while True:
@@ -213,8 +220,15 @@ class ServerLink:
                 next_list = time.monotonic() + self.server.list_ttl_s
                 self.on_change(self)
             else:
-                async with asyncio.timeout(self.settings.ping_timeout_s):
-                    await session.send_ping()
+                await self._ping(session)
+
+    async def _ping(self, session: ClientSession) -> None:
+        timeout = self.settings.ping_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                await session.send_ping()
+        except TimeoutError:
+            raise ConnectionError(f"no answer to a ping within {timeout:g}s") from None
 
     async def _list(self, session: ClientSession, trigger: str) -> None:
         tools: list[mcp_types.Tool] = []

@@ -32,14 +32,16 @@ class McpSettings(BaseModel):
         default=5.0,
         gt=0,
         le=300,
-        description="An idle session is pinged this often.",
+        description="A session is pinged this often (calls in flight or not); the tool list's "
+        "list_ttl_s is checked as often.",
     )
     ping_timeout_s: float = Field(
         default=10.0,
         gt=0,
         le=300,
-        description="A server that does not answer a ping within this long is restarted or "
-        "reconnected (a busy machine answers late; a dead process is noticed at once anyway).",
+        description="A server that does not answer a ping within this long is taken for hung: "
+        "its tools are withdrawn and it is restarted or reconnected (a busy machine answers "
+        "late; a dead process is noticed at once anyway).",
     )
     restart_min_s: float = Field(default=0.5, gt=0, le=60, description="First restart delay.")
     restart_max_s: float = Field(

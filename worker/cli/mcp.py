@@ -6,16 +6,27 @@ This module is the command's half that knows the worker's agent profiles: it rea
 ``ExposedTool`` to the server (``gateway.mcp``), which imports ``contracts`` only and
 publishes turns through the publisher client. The file is read once, at start: restart the
 command to offer a changed list.
+
+A workflow's output schema is derived from its nodes (``worker.loop.workflow`` plans what its
+``output`` is): a sequential one's is its last node's, a loop's its node's, a parallel one's
+with a join the join's, a conditional one's its branches' (one of them, ``anyOf`` when they
+differ; none when a branch has none), a parallel one's without a join an object with a
+property per node (``id``): the node's output, or its text when it gave none (a node of no
+known shape: any value). A node's own schema counts only when its ``type`` excludes strings:
+a node's value that is a string is its text, not its output (``workflow.answer_of``), so a
+schema that allows one could not be kept. Anything else lists no schema, and the workflow
+answers with text.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry
 
@@ -26,6 +37,7 @@ from contracts.runtime.tls import TlsFiles
 from gateway.mcp import AgentToolServer, ExposedTool, McpMetrics
 from worker.cli.turns import connect
 from worker.errors import CliError
+from worker.loop.workflow import Workflow
 from worker.profiles.agents import AgentProfiles
 
 log = logging.getLogger("loopwire.mcp")
@@ -43,17 +55,67 @@ def exposed_tools(path: Path) -> list[ExposedTool]:
     for agent in profiles.agents:
         if agent.mcp is None:
             continue
-        structured = agent.output_schema if agent.workflow is None else None
         tools.append(
             ExposedTool(
                 name=agent.name,
                 description=agent.mcp.description or agent.description,
-                output_schema=structured,
+                output_schema=output_schema_of(profiles, agent.name),
             )
         )
     if not tools:
         raise CliError(f'agents file {path}: no agent or workflow is marked "mcp"', code=2)
     return tools
+
+
+def output_schema_of(profiles: AgentProfiles, name: str) -> dict[str, Any] | None:
+    """The schema of the agent's or workflow's structured output, when it is known."""
+    profile = profiles.get(name)
+    assert profile is not None  # the file was checked when it loaded
+    if profile.workflow is not None:
+        return _workflow_schema(profiles, profile.workflow)
+    return profile.output_schema
+
+
+def _workflow_schema(profiles: AgentProfiles, flow: Workflow) -> dict[str, Any] | None:
+    if flow.kind == "sequential":
+        return _node_schema(profiles, flow.nodes[-1].run)
+    if flow.kind == "parallel":
+        if flow.join is not None:
+            return _node_schema(profiles, flow.join.run)
+        return {
+            "type": "object",
+            "properties": {n.key: _node_value_schema(profiles, n.run) for n in flow.nodes},
+            "required": [n.key for n in flow.nodes],
+            "additionalProperties": False,
+        }
+    assert flow.node is not None
+    if flow.kind == "loop":
+        return _node_schema(profiles, flow.node.run)
+    branches = [*flow.routes.values(), *([flow.default] if flow.default else [])]
+    schemas = [_node_schema(profiles, branch.run) for branch in branches]
+    if not schemas or any(schema is None for schema in schemas):
+        return None
+    distinct = list({json.dumps(schema, sort_keys=True): schema for schema in schemas}.values())
+    return distinct[0] if len(distinct) == 1 else {"anyOf": distinct}
+
+
+def _node_schema(profiles: AgentProfiles, run: str) -> dict[str, Any] | None:
+    """The schema of a node's output as the workflow keeps it (never a string)."""
+    schema = output_schema_of(profiles, run)
+    if schema is None:
+        return None
+    kind = schema.get("type")
+    types = kind if isinstance(kind, list) else [kind]
+    return schema if kind is not None and "string" not in types else None
+
+
+def _node_value_schema(profiles: AgentProfiles, run: str) -> dict[str, Any]:
+    """A parallel node's value without a join: its output, else its text."""
+    schema = _node_schema(profiles, run)
+    if schema is not None:
+        return {"anyOf": [schema, {"type": "string"}]}
+    profile = profiles.get(run)
+    return {"type": "string"} if profile is not None and profile.workflow is None else {}
 
 
 async def run_mcp_serve(
