@@ -24,6 +24,7 @@ from tenant_support import drop_intake_queues, trusting_worker
 from contracts import topology as t
 from contracts.client import LoopwireClient
 from contracts.codec import encode
+from contracts.dead_letters import list_dead
 from contracts.turns import InputMessage, TurnRequest
 from harness import WorkerProcess
 from worker.testing.scripted_model import Reply, ScriptedModel
@@ -249,27 +250,34 @@ async def test_a_cancel_from_the_turns_page_ends_it_and_is_recorded(
     assert lookup.executions == {}
 
 
-async def test_a_dead_letter_is_shown_decoded_and_replayed(
+async def test_dead_letters_are_shown_decoded_replayed_and_purged(
     page: Page, console: Console, scripted_model: ScriptedModel
 ) -> None:
-    """A turn for an agent the workers do not know is dead-lettered; the page shows it by
-    reason with its decoded body; once the agent exists, a replay from the page runs it."""
-    turn_id = f"t-{uuid.uuid4().hex[:10]}"
-    request = TurnRequest(
-        turn_id=turn_id,
-        session_id=f"s-{uuid.uuid4().hex[:8]}",
-        agent="latecomer",
-        input=(InputMessage(content="hello"),),
-    )
+    """Turns for agents the workers do not know are dead-lettered; the page shows them by
+    reason with their decoded bodies; once one agent exists, a replay from the page runs its
+    turn; the other letter is purged."""
+    late, never = f"t-{uuid.uuid4().hex[:10]}", f"t-{uuid.uuid4().hex[:10]}"
     connection = await aio_pika.connect(AMQP_URL)
     async with connection:
         channel = await connection.channel()
-        await channel.default_exchange.publish(
-            aio_pika.Message(encode(request), message_id=turn_id), routing_key=t.TURNS_QUEUE
-        )
+        for turn_id, agent in ((late, "latecomer"), (never, "nobody")):
+            request = TurnRequest(
+                turn_id=turn_id,
+                session_id=f"s-{uuid.uuid4().hex[:8]}",
+                agent=agent,
+                input=(InputMessage(content="hello"),),
+            )
+            await channel.default_exchange.publish(
+                aio_pika.Message(encode(request), message_id=turn_id), routing_key=t.TURNS_QUEUE
+            )
+
+    async def both_dead() -> bool:
+        return {late, never} <= {d.turn_id for d in await list_dead(AMQP_URL)}
+
+    await wait_until(both_dead, timeout=20)
     await sign_in(page, console.url, console.gateway.keys["ops"])
     await page.goto(f"{console.url}/dead-letters")
-    letter = page.locator(".letter").filter(has_text=turn_id)
+    letter = page.locator(".letter").filter(has_text=late)
     await expect(letter).to_contain_text("latecomer")
     await letter.get_by_text("Body and headers").click()
     await expect(letter.locator(".body")).to_contain_text('"agent": "latecomer"')
@@ -284,8 +292,16 @@ async def test_a_dead_letter_is_shown_decoded_and_replayed(
     scripted_model.expect(Reply.text("Hello at last."))
     await letter.get_by_role("button", name="Replay").click()
     await expect(page.get_by_role("status")).to_contain_text("replayed to the turn queue")
-    await expect(page.locator(".letter").filter(has_text=turn_id)).to_have_count(0)
-    await page.goto(f"{console.url}/turns/{turn_id}")
+    await expect(page.locator(".letter").filter(has_text=late)).to_have_count(0)
+
+    gone = page.locator(".letter").filter(has_text=never)
+    await gone.get_by_role("button", name="Purge").click()
+    await expect(page.get_by_role("status")).to_contain_text("purged")
+    await expect(page.locator(".letter").filter(has_text=never)).to_have_count(0)
+    assert never not in {d.turn_id for d in await list_dead(AMQP_URL)}
+    recent = page.get_by_role("heading", name="Recent replays and purges").locator("xpath=..")
+    await expect(recent).to_contain_text("dead-letter.purge")
+    await page.goto(f"{console.url}/turns/{late}")
     await expect(page.locator(".answer-final")).to_have_text("Hello at last.", timeout=SEEN)
 
 
