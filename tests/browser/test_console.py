@@ -247,6 +247,7 @@ async def test_a_cancel_from_the_turns_page_ends_it_and_is_recorded(
     actions = page.get_by_role("table")
     await expect(actions).to_contain_text("console:ops")
     await expect(actions).to_contain_text(handle.turn_id)
+    await assert_accessible(page)
     assert lookup.executions == {}
 
 
@@ -322,6 +323,8 @@ async def test_a_key_sees_its_tenants_turns_only_and_an_admin_switches(
         finally:
             await acme.close()
         url = f"{gateway.url}/console"
+        await page.goto(f"{url}/login")
+        await assert_accessible(page)
         await sign_in(page, url, gateway.keys["acme-key"])
         await expect(row(page, handle.turn_id)).to_have_count(1, timeout=SEEN)
         await page.get_by_role("button", name="Sign out").click()
@@ -330,6 +333,7 @@ async def test_a_key_sees_its_tenants_turns_only_and_an_admin_switches(
         await expect(row(page, handle.turn_id)).to_have_count(0)
         await page.goto(f"{url}/turns/{handle.turn_id}")
         await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
+        await assert_accessible(page)
         await page.goto(f"{url}/")
         await page.get_by_role("button", name="Sign out").click()
         await sign_in(page, url, gateway.keys["root"])
