@@ -101,7 +101,12 @@ class Actions:
 
     async def validate(self, request: Request, seen: Viewer) -> Response:
         """The editor's live check: ``{"tool", "arguments"}`` → ``{"problems": [...]}``."""
-        body = await request.json()
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return JSONResponse({"problems": ['the body is {"tool": ..., "arguments": ...}']}, 422)
         problems, _ = await self.check(str(body.get("tool", "")), str(body.get("arguments", "")))
         return JSONResponse({"problems": problems})
 

@@ -174,3 +174,24 @@ async def test_a_rows_status_goes_by_rank_then_time_and_an_end_is_final(redis: R
     assert [r.turn_id for r in await index.rows(tenant, 5)] == [turn_id]
     async for found in redis.scan_iter(match=f"lw:console:{{{tenant}}}*"):
         await redis.delete(found)
+
+
+async def test_the_editors_check_says_what_is_wrong_and_refuses_a_body_it_cannot_read(
+    topology: None, tmp_path: Path
+) -> None:
+    agents = tmp_path / "agents.json"
+    agents.write_text(json.dumps({"agents": [{"name": "support", "tools": []}]}))
+    async with (
+        GatewayProcess(agents, {"ops": None}) as gateway,
+        aiohttp.ClientSession(headers={"x-api-key": gateway.keys["ops"]}) as http,
+    ):
+        url = f"{gateway.url}/console/approvals/check"
+        async with http.post(url, data=b"not json") as refused:
+            assert refused.status == 422
+        body = {"tool": "lookup", "arguments": "{not json"}
+        async with http.post(url, json=body) as checked:
+            assert checked.status == 200
+            [problem] = (await checked.json())["problems"]
+            assert problem.startswith("the arguments are not JSON")
+        async with http.post(url, json={"tool": "lookup", "arguments": "[1]"}) as checked:
+            assert (await checked.json())["problems"] == ["the arguments must be a JSON object"]
