@@ -115,8 +115,15 @@ function followTurn(box) {
     pending = null;
     const response = await fetch(box.dataset.src);
     if (response.ok) {
+      // what the person opened stays open (and loads again) across the refresh
+      const opened = [...box.querySelectorAll("details[open][data-src]")]
+        .map((d) => d.dataset.src);
       box.innerHTML = await response.text();
       openInPlace(box);
+      opened.forEach((src) => {
+        const details = box.querySelector('details[data-src="' + CSS.escape(src) + '"]');
+        if (details) details.open = true;
+      });
       const now = document.getElementById("fragment-status");
       if (now && status) status.textContent = now.textContent;
     }
