@@ -44,7 +44,9 @@ from worker.runtime.heap import HeapTrimmer, malloc_trim
 from worker.runtime.metrics import CountingSink, TenantLabel, WorkerMetrics, build_info
 from worker.runtime.shutdown import SHUTDOWN_SLACK_S, exit_after
 from worker.runtime.tracing import Tracing
+from worker.sequencing.erasure import Forget
 from worker.sequencing.sequencer import SessionSequencer
+from worker.session.history_cache import HistoryCache
 from worker.session.leases import LeaseKeeper
 from worker.session.memories import SessionMemories
 from worker.session.port import StepSession
@@ -65,6 +67,19 @@ from worker.transport.tenants import Tenants
 from worker.transport.topology import SESSIONS_ARGUMENTS, TURNS_ARGUMENTS, declare
 
 log = logging.getLogger("loopwire.worker")
+
+
+def forgetting(cache: HistoryCache | None, memories: SessionMemories | None) -> Forget:
+    """What a worker forgets of an erased session besides Redis: its copy of the history, and
+    the long-term memories (their count)."""
+
+    async def forget(session_id: str) -> int:
+        if cache is not None:
+            cache.drop(session_id)
+        return await memories.forget(session_id) if memories is not None else 0
+
+    return forget
+
 
 DEFAULT_PROFILES = AgentProfiles(agents=(AgentProfile(name="default"),))
 
@@ -169,6 +184,9 @@ class Worker:
                 ttl_s=s.state_ttl_s,
                 timed=self.metrics.store_timer,
                 state_format=s.state_format,
+                history_cache=HistoryCache(s.history_cache_mb << 20, s.history_cache_min_kb << 10)
+                if s.history_cache_mb
+                else None,
             )
 
             price = price_table(s)
@@ -217,7 +235,7 @@ class Worker:
                 observer=self.metrics,
                 deliver=redaction.deliver_for(source.redaction_configs),
                 records=records,
-                forget=memories.forget if memories is not None else None,
+                forget=forgetting(store.history_cache, memories),
                 tracing=tracing,
             )
             consumer = Consumer(

@@ -229,6 +229,17 @@ class Settings(ConnectionSettings):
         description="How session state is written to Redis (both are read): json, or msgpack "
         "as earlier versions wrote it, while workers of those versions still run.",
     )
+    history_cache_mb: int = Field(
+        default=256,
+        ge=0,
+        description="Memory a worker may hold in copies of the long session histories it works "
+        "on, so a step reads and encodes only what was appended since (0: off).",
+    )
+    history_cache_min_kb: int = Field(
+        default=64,
+        ge=0,
+        description="The stored size from which a session's history is copied.",
+    )
     heap_trim_s: float = Field(
         default=1.0,
         ge=0,

@@ -91,6 +91,8 @@ class WorkerProcess:
             "LOOPWIRE_LEASE_TTL_S": "3",
             "LOOPWIRE_TOOLS_CACHE_S": "0",
             "LOOPWIRE_LOG_LEVEL": "DEBUG",
+            # every history copied however short, so that every test runs the copies' path
+            "LOOPWIRE_HISTORY_CACHE_MIN_KB": "0",
             **(extra_env or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None

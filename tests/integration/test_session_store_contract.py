@@ -27,6 +27,7 @@ from worker.errors import StaleStateError
 from worker.loop.approvals import parked
 from worker.loop.turn import closed, new_execution, turn_result, with_execution, with_step
 from worker.profiles.agents import AgentProfile
+from worker.session.history_cache import HistoryCache
 from worker.session.port import SessionStore, StepSession
 from worker.session.store import RedisStore
 from worker.testing.memory import MemoryStore
@@ -35,10 +36,12 @@ LEASE_TTL_S = 0.4
 AGENT = AgentProfile(name="support")
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=["redis", "redis-copies", "memory"])
 async def store(request: pytest.FixtureRequest, redis: Redis) -> AsyncIterator[SessionStore]:
     if request.param == "redis":
         yield RedisStore(redis, lease_ttl_s=LEASE_TTL_S)
+    elif request.param == "redis-copies":  # every history copied, however short
+        yield RedisStore(redis, lease_ttl_s=LEASE_TTL_S, history_cache=HistoryCache(1 << 30, 0))
     else:
         yield MemoryStore(lease_ttl_s=LEASE_TTL_S)
 

@@ -30,6 +30,7 @@ from tool_services.sdk import CallContext
 from worker.model.ratelimit import RedisRateLimiter
 from worker.redaction.vault import RedisVault
 from worker.session.handle import SessionHandle
+from worker.session.history_cache import HistoryRead
 from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
 from worker.session.tenant_slots import TenantSlots
@@ -175,7 +176,9 @@ def _on_a_cluster(r: Recorder, *answers: Any) -> RedisStore:
 def _handle(r: Recorder) -> SessionHandle:
     """A step's handle as it runs on a Redis Cluster (on one Redis the save script also renews
     the turn's session index, in another slot: one Redis takes that)."""
-    return SessionHandle(_on_a_cluster(r), SESSION, 7, _state(), None, [b""])
+    store = _on_a_cluster(r)
+    history = HistoryRead(None, SESSION, None, "", 0, 0, b"")
+    return SessionHandle(store, SESSION, 7, _state(), None, history)
 
 
 def _calls(r: Recorder) -> CallStore:

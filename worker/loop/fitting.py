@@ -63,6 +63,7 @@ class Fitting(Gates):
         if budget.max_tokens is None:
             budget = NO_CONTEXT_BUDGET.model_copy(update={"max_tokens": 1 << 40})
         system, raw = _split(messages)
+        stored = _stored(messages)
         ratio = state.token_ratio or 1.0
         prompt = estimate(_dump(system)) if system is not None else 0
         limit = budget.max_tokens or 0
@@ -99,7 +100,8 @@ class Fitting(Gates):
             sent = [*([system] if system else []), summary_message(shown.text)]
             sent += list(StoredMessages(list(raw[start:])))
         else:
-            sent = Transcript(system, StoredMessages(list(raw[start:])))
+            kept = stored.tail(start) if stored is not None else StoredMessages(list(raw[start:]))
+            sent = Transcript(system, kept)
         unscaled = prompt + _size(shown) + sum(estimate(m) for m in raw[start:])
         return Fitted(state, sent, round(unscaled * ratio), unscaled, shown is not None)
 
@@ -151,6 +153,13 @@ def _split(messages: Sequence[ChatMessage]) -> tuple[ChatMessage | None, list[di
     system = listed[0] if listed and listed[0].role == "system" else None
     rest = listed[1:] if system is not None else listed
     return system, [_dump(m) for m in rest]
+
+
+def _stored(messages: Sequence[ChatMessage]) -> StoredMessages | None:
+    """The conversation as the store handed it over, when it is (with what it has encoded)."""
+    if isinstance(messages, Transcript) and isinstance(messages.history, StoredMessages):
+        return messages.history
+    return None
 
 
 def _size(summary: ContextSummary | None) -> int:

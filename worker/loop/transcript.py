@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
+import orjson
 from pydantic import TypeAdapter
 
 from contracts.messages import ChatMessage
@@ -100,15 +101,47 @@ class _Lazy(Sequence[ChatMessage]):
     def __iter__(self) -> Iterator[ChatMessage]:
         return iter(self._all())
 
-    def wire(self) -> list[dict[str, Any]]:
+    def wire(self, *, plain: bool = False) -> list[Any]:
         raise NotImplementedError
 
 
-class StoredMessages(_Lazy):
-    """Messages as the store decoded them (plain data of dumped ``ChatMessage`` objects)."""
+class Encoded:
+    """The request JSON of stored messages, each encoded once: slots ``base`` to
+    ``base + count`` of ``slots`` belong to a list's first ``count`` messages. The slots are a
+    worker's cached history's (``worker.session.history_cache``), so a message is encoded for
+    the first request that sends it and reused by every later step of the turn."""
 
-    def __init__(self, raw: list[dict[str, Any]]) -> None:
+    __slots__ = ("base", "count", "slots")
+
+    def __init__(self, slots: list[orjson.Fragment | None], base: int, count: int) -> None:
+        self.slots = slots
+        self.base = base
+        self.count = count
+
+    def after(self, start: int) -> Encoded:
+        return Encoded(self.slots, self.base + start, max(0, self.count - start))
+
+    def wire(self, raw: list[dict[str, Any]]) -> list[Any]:
+        slots, base, count = self.slots, self.base, self.count
+        out: list[Any] = []
+        for i, message in enumerate(raw):
+            if i >= count:
+                out.append(stored_to_wire(message))
+                continue
+            fragment = slots[base + i]
+            if fragment is None:
+                fragment = slots[base + i] = orjson.Fragment(orjson.dumps(stored_to_wire(message)))
+            out.append(fragment)
+        return out
+
+
+class StoredMessages(_Lazy):
+    """Messages as the store decoded them (plain data of dumped ``ChatMessage`` objects), with
+    their request JSON when the worker keeps it (``Encoded``)."""
+
+    def __init__(self, raw: list[dict[str, Any]], encoded: Encoded | None = None) -> None:
         self.raw = raw
+        self.encoded = encoded
 
     def __len__(self) -> int:
         return len(self.raw)
@@ -116,7 +149,16 @@ class StoredMessages(_Lazy):
     def _messages(self) -> list[ChatMessage]:
         return _CHAT.validate_python(self.raw)
 
-    def wire(self) -> list[dict[str, Any]]:
+    def tail(self, start: int) -> StoredMessages:
+        """The messages from ``start`` on."""
+        encoded = self.encoded.after(start) if self.encoded is not None else None
+        return StoredMessages(list(self.raw[start:]), encoded)
+
+    def wire(self, *, plain: bool = False) -> list[Any]:
+        """The messages in the request shape; unless ``plain``, the ones already encoded as
+        ``orjson.Fragment`` (for ``orjson.dumps`` only)."""
+        if self.encoded is not None and not plain:
+            return self.encoded.wire(self.raw)
         return [stored_to_wire(m) for m in self.raw]
 
 
@@ -134,16 +176,17 @@ class Transcript(_Lazy):
         head = [self.system] if self.system is not None else []
         return [*head, *self.history]
 
-    def wire(self) -> list[dict[str, Any]]:
+    def wire(self, *, plain: bool = False) -> list[Any]:
         head = [to_wire(self.system)] if self.system is not None else []
         history = self.history
         if isinstance(history, _Lazy):
-            return [*head, *history.wire()]
+            return [*head, *history.wire(plain=plain)]
         return [*head, *(to_wire(m) for m in history)]
 
 
-def wire_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Any message sequence in the chat-completions shape, without building what it need not."""
+def wire_messages(messages: Sequence[ChatMessage], *, plain: bool = False) -> list[Any]:
+    """Any message sequence in the chat-completions shape, without building what it need not;
+    unless ``plain``, messages already encoded come as ``orjson.Fragment`` (``Encoded``)."""
     if isinstance(messages, _Lazy):
-        return messages.wire()
+        return messages.wire(plain=plain)
     return [to_wire(m) for m in messages]

@@ -58,10 +58,11 @@ RATE_LIMIT_BACKOFF_S = 2.0
 """How long a turn waits after a 429 that says nothing of how long to wait."""
 
 
-def build_body(request: ModelRequest, default_model: str) -> dict[str, Any]:
+def build_body(request: ModelRequest, default_model: str, *, plain: bool = True) -> dict[str, Any]:
+    """The request body; unless ``plain``, messages already encoded are ``orjson.Fragment``."""
     body: dict[str, Any] = {
         "model": request.model or default_model,
-        "messages": wire_messages(request.messages),
+        "messages": wire_messages(request.messages, plain=plain),
     }
     if request.tools:
         body["tools"] = [tool.to_openai() for tool in request.tools]
@@ -84,11 +85,12 @@ def encode_body(request: ModelRequest, default_model: str) -> bytes:
     orjson, for its speed; its output buffer is larger than the JSON, and the body is kept for
     the whole model call (retries resend it), so it is copied to its exact size. What orjson
     cannot encode (an integer past 64 bits in a tool schema) goes through the standard
-    encoder."""
-    body = build_body(request, default_model)
+    encoder. Messages the worker encoded for an earlier step (``worker.loop.transcript.Encoded``)
+    go in as they are."""
     try:
-        return memoryview(orjson.dumps(body)).tobytes()
+        return memoryview(orjson.dumps(build_body(request, default_model, plain=False))).tobytes()
     except orjson.JSONEncodeError:
+        body = build_body(request, default_model)
         return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 

@@ -11,6 +11,14 @@ taken since the last tick) and once more after it, in a thread: the call walks t
 holding glibc's arena locks, so only an allocation of a large block waits for it (Python's
 small objects live in pymalloc's own arenas). An idle worker's heap is
 left alone. C libraries without the call (musl, macOS) get no trimmer.
+
+With the trimmer on, glibc's own ways of giving memory back are turned off (``mallopt``): a
+block of 32 MB or less comes from the heap, not from a mapping of its own, and a free at the
+heap's top does not shrink it. glibc maps a block afresh whenever it is larger than the largest
+it mapped and freed before, and every page of a fresh mapping costs a page fault when it is
+first written: a request body that grows with every step of a long turn (the conversation is
+sent whole) was mapped, faulted in and unmapped for every copy of it, every step. From the heap
+the blocks are reused, and the trimmer returns what is free once a tick.
 """
 
 from __future__ import annotations
@@ -27,16 +35,31 @@ log = logging.getLogger("loopwire.heap")
 Trim = Callable[[], object]
 
 
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+LARGEST_HEAP_BLOCK = 32 << 20
+"""The largest block taken from the heap (glibc's upper bound for ``M_MMAP_THRESHOLD``)."""
+
+
 def malloc_trim() -> Trim | None:
-    """glibc's ``malloc_trim(0)``, or ``None`` where the C library has none."""
+    """glibc's ``malloc_trim(0)``, or ``None`` where the C library has none; glibc's own
+    returns of memory are turned off meanwhile (the module's docstring)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        function = ctypes.CDLL("libc.so.6").malloc_trim
+        libc = ctypes.CDLL("libc.so.6")
+        function, mallopt = libc.malloc_trim, libc.mallopt
     except (OSError, AttributeError):
         return None
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    if not (
+        mallopt(M_MMAP_THRESHOLD, LARGEST_HEAP_BLOCK)
+        and mallopt(M_TRIM_THRESHOLD, 2 * LARGEST_HEAP_BLOCK)
+    ):
+        log.warning("could not keep large blocks in the heap (mallopt refused)")
     return lambda: function(0)
 
 

@@ -25,6 +25,7 @@ from worker.errors import StaleStateError
 from worker.loop.transcript import StoredMessages
 from worker.runtime import failpoints
 from worker.session.blobs import _bytes, _unpack
+from worker.session.history_cache import HistoryRead
 from worker.session.port import Opening, SessionStore, list_waiting
 from worker.session.port import lifetime as session_lifetime
 
@@ -75,10 +76,11 @@ class SessionHandle:
     stored bytes and grow with every step. The handle remembers the bytes it last read or
     wrote, with their version, where the loop asks the model next (no step pending), so that
     parking that state does not encode it again; the session history read with the lease is
-    handed out once and kept current with what the step appends (no other writer appends while
-    the lease is held)."""
+    handed out once (``HistoryRead``: with the worker's copy of it) and kept current with what
+    the step appends (no other writer appends while the lease is held)."""
 
     __slots__ = (
+        "_handed",
         "_history",
         "_state",
         "_stored",
@@ -104,7 +106,7 @@ class SessionHandle:
         token: int,
         state: AgentState | None,
         stored: tuple[int, bytes] | None,
-        history: list[bytes] | None,
+        history: HistoryRead | None,
     ) -> None:
         self.store = store
         self.session_id = session_id
@@ -112,6 +114,7 @@ class SessionHandle:
         self._state = state
         self._stored = stored if state is not None and _asks_model(state) else None
         self._history = history
+        self._handed = False
         self.next_turn: str | None = None
         self.replies: tuple[str, ...] = ()
         self.released = False
@@ -156,9 +159,11 @@ class SessionHandle:
         redis = self.store.redis
         sid = state.session_id
         ex = state.execution
-        if self._history is not None and (ex is None or ex.request.persist):
-            history, self._history = self._history, None
-            return StoredMessages(_unpack(history))
+        if self._history is not None and not self._handed and (ex is None or ex.request.persist):
+            self._handed = True
+            messages = self._history.messages()
+            if messages is not None:
+                return messages
         with self.store.timed("load_messages"):
             if ex is None or ex.request.persist:
                 items = await redis.lrange(keys.session_history(sid), 0, -1)
@@ -221,7 +226,7 @@ class SessionHandle:
             with self.store.timed("save"):
                 # every save of a turn gives its session index the expiry it gives the
                 # session's keys: the turn keeps its id as long as it lives
-                version, head, replies, waiting, cancel = await self._write(
+                version, head, replies, waiting, cancel, generation = await self._write(
                     [
                         keys.session_lease(sid),
                         keys.session_state(sid),
@@ -242,10 +247,18 @@ class SessionHandle:
                     args,
                     (keys.turn_session(turn_id), lifetime) if turn_id else None,
                 )
-        except ResponseError as exc:
-            if "STALE" in str(exc):
+        except BaseException as exc:
+            if self._history is not None:
+                self._history.lost()
+            if isinstance(exc, ResponseError) and "STALE" in str(exc):
                 raise StaleStateError(f"session {sid}: {exc}") from None
             raise
+        if self._history is not None:
+            self._history.saved(
+                _bytes(generation).decode(),
+                () if transient else appended,
+                cut=cut_to is not None,
+            )
         self.released = release
         if cancel and self.cancel is None:  # recorded while the step ran
             self.cancel = decode(_bytes(cancel), TurnCancel)
@@ -259,8 +272,6 @@ class SessionHandle:
         _failpoint_after_save(state, append)
         if parked:
             failpoints.hit("parked" if parked != "-" else "resumed")
-        if self._history is not None and not transient:
-            self._history.extend(appended)
         if result is not None:
             head = head.decode() if isinstance(head, bytes) else head
             self.next_turn = head or None

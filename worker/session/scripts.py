@@ -32,20 +32,33 @@ def _keeping(body: str) -> str:
 
 # KEYS: lease fence state history controls(of the step's turn) queue requests turns replies
 #       steps(of the step's turn)
-# ARGV: lease_ttl_ms, session_ttl_s, turn_id ('' : not a turn's first step)
-# -> {0} (held elsewhere) or {token, version, state, history, controls[, head, request]}: a
-#    turn's first step also gets the session's queue head and the turn's stored request
+# ARGV: lease_ttl_ms, session_ttl_s, turn_id ('' : not a turn's first step), generation|'' and
+#       items: the history the worker holds already (``worker.session.history_cache``)
+# -> {0} (held elsewhere) or {token, version, state, history, controls, generation, from, items,
+#    head, request}: ``history`` is the list's items from ``from`` on, concatenated (from 0,
+#    unless the worker's generation is the history's and its items are still the list's first);
+#    ``generation`` is the history's ('' while no save of this release vouches for it: then
+#    nothing is cached); ``items`` the list's length. A turn's first step also gets the
+#    session's queue head and the turn's stored request ('' otherwise).
 BEGIN: Final = _keeping("""
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
 local token = redis.call('INCR', KEYS[2])
 keep(ARGV[2], 2, 10)
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
-local state = redis.call('HMGET', KEYS[3], 'v', 's')
-local reply = {token, state[1] or false, state[2] or false,
-               table.concat(redis.call('LRANGE', KEYS[4], 0, -1)), redis.call('HGETALL', KEYS[5])}
+local state = redis.call('HMGET', KEYS[3], 'v', 's', 'h', 'w')
+local gen = ''
+if state[3] and state[4] == state[1] then gen = state[3] end
+local from = 0
+if gen ~= '' and gen == ARGV[4] then
+  from = tonumber(ARGV[5])
+  if redis.call('LLEN', KEYS[4]) < from then from = 0 end
+end
+local items = redis.call('LRANGE', KEYS[4], from, -1)
+local reply = {token, state[1] or false, state[2] or false, table.concat(items),
+               redis.call('HGETALL', KEYS[5]), gen, from, from + #items, '', ''}
 if ARGV[3] ~= '' then
-  reply[6] = redis.call('LINDEX', KEYS[6], 0) or ''
-  reply[7] = redis.call('HGET', KEYS[7], ARGV[3]) or ''
+  reply[9] = redis.call('LINDEX', KEYS[6], 0) or ''
+  reply[10] = redis.call('HGET', KEYS[7], ARGV[3]) or ''
 end
 return reply
 """)
@@ -115,21 +128,32 @@ return 0
 # step), '-' when it resumes (the controls that woke it, now in its state, are dropped with it;
 # a cancel stays), '' otherwise. ``ttl_s``: how long every key of the session lives at least
 # after this save (a parked turn's keys outlive its wait); a result sets them to expire exactly
-# ``ttl_s`` after it. Returns {version, next head, replies, controls waiting, cancel}:
+# ``ttl_s`` after it. Returns {version, next head, replies, controls waiting, cancel, generation}:
 # ``controls waiting`` is 1 when a turn parks while control messages for it were recorded
 # already (it resumes at once); ``cancel`` the turn's recorded cancel ('' when none, or the
-# turn ended).
+# turn ended); ``generation`` the history's after the save.
+# The history's generation (state field ``h``) stays while saves only append to the history,
+# each save of this release vouching for it (``w``: the version it wrote); it is new after a
+# cut, for a new state, and after a save that did not vouch (a worker of an earlier release,
+# which may have cut the history): a worker's cached copy of the history holds only under the
+# generation it was read with (``worker.session.history_cache``).
 SAVE: Final = _keeping("""
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('STALE lease lost') end
-local v = tonumber(redis.call('HGET', KEYS[2], 'v') or '0')
+local st = redis.call('HMGET', KEYS[2], 'v', 'h', 'w')
+local v = tonumber(st[1] or '0')
 if v ~= tonumber(ARGV[2]) then return redis.error_reply('STALE version ' .. v) end
-redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3])
-if ARGV[9] ~= '' then redis.call('RPUSH', KEYS[15], ARGV[9]) end
 local n = tonumber(ARGV[10])
-if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 11, 10 + n)) end
 local m = tonumber(ARGV[11 + n] or '0')
-if m > 0 then redis.call('SADD', KEYS[13], unpack(ARGV, 12 + n, 11 + n + m)) end
 local cut = ARGV[12 + n + m]
+local gen = st[2]
+if (not gen) or st[3] ~= st[1] or (cut and cut ~= '') then
+  local now = redis.call('TIME')
+  gen = ARGV[1] .. '.' .. now[1] .. now[2]
+end
+redis.call('HSET', KEYS[2], 'v', v + 1, 's', ARGV[3], 'h', gen, 'w', v + 1)
+if ARGV[9] ~= '' then redis.call('RPUSH', KEYS[15], ARGV[9]) end
+if n > 0 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 11, 10 + n)) end
+if m > 0 then redis.call('SADD', KEYS[13], unpack(ARGV, 12 + n, 11 + n + m)) end
 if cut and cut ~= '' then
   if tonumber(cut) > 0 then redis.call('LTRIM', KEYS[12], 0, tonumber(cut) - 1)
   else redis.call('DEL', KEYS[12]) end
@@ -160,7 +184,7 @@ else
 end
 if KEYS[16] then redis.call('EXPIRE', KEYS[16], 2 * ARGV[5]) end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-return {v + 1, head, replies, waiting, cancel or ''}
+return {v + 1, head, replies, waiting, cancel or '', gen}
 """)
 
 # KEYS: turns requests queue result replies state history fence erasing lease [index]

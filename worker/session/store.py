@@ -71,6 +71,7 @@ from worker.session import scripts
 from worker.session.blobs import _bytes, _unpack
 from worker.session.fleet import FleetLists
 from worker.session.handle import SessionHandle
+from worker.session.history_cache import HistoryCache, HistoryRead
 from worker.session.port import (
     RENEWALS,
     Accepted,
@@ -103,8 +104,12 @@ class RedisStore(FleetLists):
         timed: Timed = _untimed,
         state_format: StateFormat = "json",
         clock: Callable[[], float] = time.time,
+        history_cache: HistoryCache | None = None,
     ) -> None:
         self.redis = redis
+        self.history_cache = history_cache
+        """The worker's copies of long histories (``None``: every lease reads the whole
+        history)."""
         self.cluster = is_cluster(redis)
         """A Redis Cluster client: the session index is written beside the accept script, not
         pipelined with it."""
@@ -244,9 +249,12 @@ class RedisStore(FleetLists):
     async def take(
         self, session_id: str, turn_id: str = "", *, first: bool = False
     ) -> SessionHandle | None:
-        """Take the session's lease and load its state and history, and whether ``turn_id``
-        was cancelled; ``None`` when another worker holds it. ``first`` (a turn's first
-        step): the queue head and the turn's request come in the same script."""
+        """Take the session's lease and load its state and history (what the worker's copy
+        of it lacks, ``worker.session.history_cache``), and whether ``turn_id`` was cancelled;
+        ``None`` when another worker holds it. ``first`` (a turn's first step): the queue head
+        and the turn's request come in the same script."""
+        cache = self.history_cache
+        copy = cache.get(session_id) if cache is not None else None
         with self.timed("lease"):
             reply = await self._begin(
                 keys=[
@@ -261,7 +269,13 @@ class RedisStore(FleetLists):
                     keys.session_replies(session_id),
                     keys.turn_steps(session_id, turn_id or "_"),
                 ],
-                args=[self.lease_ms, self.ttl_s, turn_id if first else ""],
+                args=[
+                    self.lease_ms,
+                    self.ttl_s,
+                    turn_id if first else "",
+                    copy.generation if copy is not None else "",
+                    copy.items if copy is not None else 0,
+                ],
             )
         if not reply[0]:
             return None
@@ -272,12 +286,21 @@ class RedisStore(FleetLists):
             if reply[1] is not None:  # the version lives beside the blob
                 state = state.model_copy(update={"version": int(reply[1])})
             stored = (state.version, blob)
-        handle = SessionHandle(self, session_id, int(reply[0]), state, stored, [_bytes(reply[3])])
+        history = HistoryRead(
+            cache,
+            session_id,
+            copy,
+            _bytes(reply[5]).decode(),
+            int(reply[6]),
+            int(reply[7]),
+            _bytes(reply[3]),
+        )
+        handle = SessionHandle(self, session_id, int(reply[0]), state, stored, history)
         handle.turn_id = turn_id
         if reply[4]:
             handle.read_controls(reply[4])
-        if len(reply) > 5:
-            head, request = _bytes(reply[5]).decode(), _bytes(reply[6])
+        if first:
+            head, request = _bytes(reply[8]).decode(), _bytes(reply[9])
             handle.opening = Opening(
                 head or None, decode(request, TurnRequest) if request else None
             )
