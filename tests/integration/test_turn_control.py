@@ -19,7 +19,14 @@ from support_rpc import REDIS_URL
 
 from contracts.client import LoopwireClient, new_id
 from contracts.tools import ToolCallRequest
-from harness import SURVIVOR_ENV, CountingToolService, EventRecorder, WorkerProcess, write_agents
+from harness import (
+    SURVIVOR_ENV,
+    CountingToolService,
+    EventRecorder,
+    WorkerProcess,
+    run_past_a_crash,
+    write_agents,
+)
 from worker.cli.main import main as cli
 from worker.testing.scripted_model import Reply, ScriptedModel
 
@@ -464,3 +471,44 @@ async def test_a_429_storm_parks_turns_instead_of_filling_the_workers_with_sleep
     assert len(window) >= 3, "the sampler saw the parked turns wait"
     assert set(window) == {0.0}, window
     assert all(w.errors() == [] for w in workers)
+
+
+async def test_a_turn_throttled_by_a_worker_that_died_before_announcing_it_is_announced(
+    scripted_model: ScriptedModel,
+    client: LoopwireClient,
+    tmp_path: Path,
+) -> None:
+    """The worker that parks a turn for a 429 dies right after the save, before it announces
+    ``turn.throttled``: the worker that takes the redelivered step message announces it (the
+    same event: its time and id are the wait's), and the turn completes after its wait."""
+    calls = 0
+
+    def responder(request: dict[str, Any]) -> Reply:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return Reply.error(429, "slow down", headers={"Retry-After": "1"})
+        return Reply.text("answered")
+
+    scripted_model.respond_with(responder)
+    agents = write_agents(tmp_path / "agents.json", [])
+    recorder = EventRecorder()
+    await recorder.start()
+    try:
+        result, survivor = await run_past_a_crash(
+            client, scripted_model.base_url, agents, "parked", "support", "question"
+        )
+        await recorder.wait_for(
+            lambda events: any(
+                e.type == "turn.completed" for e in events if e.turn_id == result.turn_id
+            )
+        )
+    finally:
+        await recorder.stop()
+    assert result.finish_reason == "stop" and result.content == "answered"
+    assert calls == 2, "the throttled call was made once more, no more"
+    throttled = [e for e in recorder.for_turn(result.turn_id) if e.type == "turn.throttled"]
+    assert throttled, "the throttle was never announced"
+    assert len({e.id for e in throttled}) == 1, "every announcement is the same event"
+    assert throttled[0].data.until >= throttled[0].time + 1.0  # type: ignore[union-attr]
+    assert survivor.errors() == []

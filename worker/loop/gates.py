@@ -218,17 +218,9 @@ class Gates:
         state = await self._save(
             with_execution(state, status="waiting", wait=waiting), release=True
         )
-        ex = state.execution
-        step = ex.pending.index if ex is not None and ex.pending is not None else None
+        if "turn.throttled" in self.announced:
+            await announce_throttle(self.events, state)
         assert waiting.until is not None
-        await self._emit(
-            "turn.throttled",
-            TurnThrottled(until=waiting.until),
-            state,
-            step=step if step is not None else (ex.step_count if ex is not None else 0),
-            at=now,
-            id_suffix=f"{now:.6f}",
-        )
         return Waiting(state, waiting.until)
 
     async def _rate_limited(
@@ -369,6 +361,25 @@ class Gates:
             call_id=call_id,
             id_suffix=id_suffix,
         )
+
+
+async def announce_throttle(events: EventSink, state: AgentState) -> None:
+    """``turn.throttled`` for a turn saved parked until the model may be asked again: the same
+    event every time (its time and id are the wait's), so that one announced again, by the
+    worker that takes the step message of a worker that died before announcing it, is a copy
+    a subscriber drops."""
+    ex = turn_of(state)
+    wait = ex.wait
+    assert wait is not None and wait.until is not None
+    await announce(
+        events,
+        wait.since,
+        "turn.throttled",
+        TurnThrottled(until=wait.until),
+        state,
+        step=ex.pending.index if ex.pending is not None else ex.step_count,
+        id_suffix=f"{wait.since:.6f}",
+    )
 
 
 def _tool_asks_approval(definition: ToolDefinition | None) -> bool:

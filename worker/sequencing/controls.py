@@ -22,6 +22,7 @@ from worker.loop import EventSink, Finished, Loop, Waiting, new_execution
 from worker.loop.announce import announce
 from worker.loop.approvals import timed_out, with_decisions
 from worker.loop.children import child_failed, given_up, late_children, with_child_results
+from worker.loop.gates import announce_throttle
 from worker.loop.ports import LoopObserver, observe
 from worker.loop.turn import turn_of, turn_result, with_execution
 from worker.profiles.agents import AgentProfile, ProfileLookup
@@ -209,8 +210,9 @@ class Controls:
         if wait.kind == "children":
             return await self._merge_children(state, session, work)
         if wait.kind == "throttled" and work.wait_until is None:
-            # not its timeout: it waits for its slot (sent again, in case the worker that
-            # parked it died before it could send it)
+            # not its timeout: it waits for its slot (sent again, and announced again, in case
+            # the worker that parked it died before it could send or announce it)
+            await announce_throttle(self.events, state)
             return [Delay(work.model_copy(update={"wait_until": wait.until}))]
         woken = with_decisions(state, session.decisions)
         if work.wait_until is not None:
