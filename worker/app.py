@@ -16,10 +16,8 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
 
 from contracts import topology as t
 from contracts.runtime import amqp
@@ -27,12 +25,11 @@ from contracts.runtime.health import HealthServer
 from contracts.runtime.redis_client import RedisUnreachableError, check, redis_client
 from contracts.runtime.tls import TlsConfigError
 from contracts.runtime.tracer_setup import start_tracing
-from contracts.turns import Budget
 from worker.errors import ConfigError, ProfileError
 from worker.loop import Loop
 from worker.loop.streaming import StreamSettings
 from worker.model.providers import build_models, check_providers, endpoints
-from worker.model.ratelimit import RedisRateLimiter, TenantRateLimits
+from worker.model.ratelimit import RedisRateLimiter
 from worker.profiles.agents import AgentProfile, AgentProfiles
 from worker.profiles.hooksets import HookSets
 from worker.profiles.source import ProfileSource
@@ -41,10 +38,12 @@ from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
 from worker.runtime import collector
 from worker.runtime.heap import HeapTrimmer, malloc_trim
-from worker.runtime.metrics import CountingSink, TenantLabel, WorkerMetrics, build_info
+from worker.runtime.metrics import CountingSink, WorkerMetrics, build_info
 from worker.runtime.shutdown import SHUTDOWN_SLACK_S, exit_after
+from worker.runtime.tenancy import Tenancy
+from worker.runtime.tenant_label import tenant_label
 from worker.runtime.tracing import Tracing
-from worker.sequencing.erasure import Forget
+from worker.sequencing.erasure import forgetting
 from worker.sequencing.sequencer import SessionSequencer
 from worker.session.history_cache import HistoryCache
 from worker.session.leases import LeaseKeeper
@@ -52,33 +51,18 @@ from worker.session.memories import SessionMemories
 from worker.session.port import StepSession
 from worker.session.records import SessionRecords
 from worker.session.store import RedisStore
-from worker.session.tenant_slots import TenantSlots
-from worker.settings import Settings, TenancySettings, load_settings, price_table
+from worker.settings import Settings, load_settings, price_table
 from worker.transport.broker_gate import BrokerGate
 from worker.transport.catalog import RegistryCatalog
 from worker.transport.consumer import Consumer
 from worker.transport.events import AmqpEventSink, FilteredSink, enabled_events
-from worker.transport.intake import Intake
 from worker.transport.outbox import Outbox
 from worker.transport.publish import ConfirmedPublisher
 from worker.transport.rpc import ToolRPC
 from worker.transport.session_reads import SessionReads
-from worker.transport.tenants import Tenants
 from worker.transport.topology import SESSIONS_ARGUMENTS, TURNS_ARGUMENTS, declare
 
 log = logging.getLogger("loopwire.worker")
-
-
-def forgetting(cache: HistoryCache | None, memories: SessionMemories | None) -> Forget:
-    """What a worker forgets of an erased session besides Redis: its copy of the history, and
-    the long-term memories (their count)."""
-
-    async def forget(session_id: str) -> int:
-        if cache is not None:
-            cache.drop(session_id)
-        return await memories.forget(session_id) if memories is not None else 0
-
-    return forget
 
 
 DEFAULT_PROFILES = AgentProfiles(agents=(AgentProfile(name="default"),))
@@ -347,13 +331,6 @@ class Worker:
             self.source.reload()
 
 
-def tenant_label(tenants: TenancySettings) -> TenantLabel | None:
-    """The ``tenant`` label of the metrics: only with tenancy on and the label asked for."""
-    if tenants.enabled and tenants.metrics_label:
-        return TenantLabel(tenants.metrics_max_tenants)
-    return None
-
-
 def _own_user(urls: Sequence[str], workers: Sequence[str]) -> str | None:
     """The AMQP user this worker publishes as (every address with the same one): its URL's,
     or, for a certificate login, the first of ``LOOPWIRE_WORKER_USERS``."""
@@ -430,47 +407,3 @@ def main() -> int:
         log.error("%s", exc)
         return 1
     return 0
-
-
-@dataclass(frozen=True, slots=True)
-class Tenancy:
-    """What the worker's tenancy settings make (docs/tenants.md): whose each message is, the
-    tenants' caps on running turns (none: no cap), their daily budgets (none: tenancy off) and
-    their own model rate limits (none: no tenant has any), and the tenants' own intake queues
-    (worker/transport/intake.py)."""
-
-    tenants: Tenants
-    slots: TenantSlots | None
-    budget: Callable[[str], Budget] | None
-    rates: TenantRateLimits | None
-    intake: Intake
-
-    @staticmethod
-    def of(s: Settings, redis: Redis, workers: set[str]) -> Tenancy:
-        t = s.tenants
-        tenants = Tenants(enabled=t.enabled, users=t.users, trusted={*t.trusted, *workers})
-        if not t.enabled:
-            return Tenancy(tenants, None, None, None, Intake(()))
-        caps = {name: own.max_running for name, own in t.limits.items()}
-        slots = None
-        if t.max_running or any(caps.values()):
-            own_caps = {name: cap for name, cap in caps.items() if cap is not None}
-            slots = TenantSlots(
-                redis, default_cap=t.max_running, limits=own_caps, lapse_s=s.state_ttl_s
-            )
-
-        def budget(tenant: str) -> Budget:
-            own = t.limits.get(tenant)
-            return own.daily_budget if own and own.daily_budget is not None else t.daily_budget
-
-        rates = TenantRateLimits(
-            redis,
-            requests_per_minute=t.requests_per_minute,
-            tokens_per_minute=t.tokens_per_minute,
-            limits={
-                name: (own.requests_per_minute, own.tokens_per_minute)
-                for name, own in t.limits.items()
-            },
-        )
-        intake = Intake(t.intake if t.intake is not None else sorted(set(t.users.values())))
-        return Tenancy(tenants, slots, budget, rates if rates.any else None, intake)

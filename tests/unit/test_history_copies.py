@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 
 from contracts.messages import ChatMessage, ToolCall
-from worker.app import forgetting
 from worker.loop.ports import ModelRequest
 from worker.loop.transcript import Encoded, StoredMessages, Transcript
 from worker.model.adapter import encode_body
+from worker.sequencing.erasure import forgetting
 from worker.session.history_cache import HELD_PER_STORED_BYTE, Copy, HistoryCache
 
 

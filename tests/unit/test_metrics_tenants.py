@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from contracts import tenancy
 from contracts.messages import Usage
 from contracts.turns import TurnResult
-from worker.app import tenant_label
 from worker.runtime.metrics import TENANT_LABELLED, TenantLabel, WorkerMetrics
+from worker.runtime.tenant_label import tenant_label
 from worker.settings import TenancySettings
 
 

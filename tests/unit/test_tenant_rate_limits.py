@@ -13,9 +13,9 @@ from contracts import keys, tenancy
 from contracts.messages import ChatMessage
 from contracts.state import ModelResponse
 from contracts.turns import InputMessage, TurnRequest
-from worker.app import Tenancy
 from worker.loop.ports import LoopObserver
 from worker.model.ratelimit import TenantRateLimits
+from worker.runtime.tenancy import Tenancy
 from worker.sequencing.actions import Delay, Reply, Step
 from worker.settings import Settings, TenancySettings, TenantLimits
 from worker.testing.broker import ScriptedAnswers

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Final
 
 from contracts import tenancy
+from worker.settings import TenancySettings
 
 OTHER_TENANTS: Final = "other"
 """The ``tenant`` label of every tenant past the cap."""
@@ -38,3 +39,10 @@ class TenantLabel:
             self.labelled.add(tenant)
             return tenant
         return OTHER_TENANTS
+
+
+def tenant_label(tenants: TenancySettings) -> TenantLabel | None:
+    """The ``tenant`` label of the metrics: only with tenancy on and the label asked for."""
+    if tenants.enabled and tenants.metrics_label:
+        return TenantLabel(tenants.metrics_max_tenants)
+    return None

@@ -25,7 +25,9 @@ from contracts.turns import TurnRequest
 from worker.loop import EventSink
 from worker.loop.children import child_session_id
 from worker.sequencing.actions import Action, Answer, Busy, Control
+from worker.session.history_cache import HistoryCache
 from worker.session.leases import LeaseKeeper
+from worker.session.memories import SessionMemories
 from worker.session.port import SessionStore
 from worker.session.records import SessionRecords
 
@@ -121,3 +123,15 @@ class Erasure:
 def delete_correlation(session_id: str) -> str:
     """The correlation id of the reply to a session's deletion."""
     return f"delete:{session_id}"
+
+
+def forgetting(cache: HistoryCache | None, memories: SessionMemories | None) -> Forget:
+    """What a worker forgets of an erased session besides Redis: its copy of the history, and
+    the long-term memories (their count)."""
+
+    async def forget(session_id: str) -> int:
+        if cache is not None:
+            cache.drop(session_id)
+        return await memories.forget(session_id) if memories is not None else 0
+
+    return forget
