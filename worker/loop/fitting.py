@@ -62,8 +62,8 @@ class Fitting(Gates):
         budget = agent.context
         if budget.max_tokens is None:
             budget = NO_CONTEXT_BUDGET.model_copy(update={"max_tokens": 1 << 40})
-        system, raw = _split(messages)
-        stored = _stored(messages)
+        system, stored = _split(messages)
+        raw = stored.raw
         ratio = state.token_ratio or 1.0
         prompt = estimate(_dump(system)) if system is not None else 0
         limit = budget.max_tokens or 0
@@ -100,8 +100,7 @@ class Fitting(Gates):
             sent = [*([system] if system else []), summary_message(shown.text)]
             sent += list(StoredMessages(list(raw[start:])))
         else:
-            kept = stored.tail(start) if stored is not None else StoredMessages(list(raw[start:]))
-            sent = Transcript(system, kept)
+            sent = Transcript(system, stored.tail(start))
         unscaled = prompt + _size(shown) + sum(estimate(m) for m in raw[start:])
         return Fitted(state, sent, round(unscaled * ratio), unscaled, shown is not None)
 
@@ -145,21 +144,15 @@ class Fitting(Gates):
         return saved
 
 
-def _split(messages: Sequence[ChatMessage]) -> tuple[ChatMessage | None, list[dict[str, Any]]]:
-    """The system prompt and the conversation as stored data."""
+def _split(messages: Sequence[ChatMessage]) -> tuple[ChatMessage | None, StoredMessages]:
+    """The system prompt and the conversation as stored data (as the store handed it over,
+    with what the worker has encoded of it, when it is)."""
     if isinstance(messages, Transcript) and isinstance(messages.history, StoredMessages):
-        return messages.system, messages.history.raw
+        return messages.system, messages.history
     listed = list(messages)
     system = listed[0] if listed and listed[0].role == "system" else None
     rest = listed[1:] if system is not None else listed
-    return system, [_dump(m) for m in rest]
-
-
-def _stored(messages: Sequence[ChatMessage]) -> StoredMessages | None:
-    """The conversation as the store handed it over, when it is (with what it has encoded)."""
-    if isinstance(messages, Transcript) and isinstance(messages.history, StoredMessages):
-        return messages.history
-    return None
+    return system, StoredMessages([_dump(m) for m in rest])
 
 
 def _size(summary: ContextSummary | None) -> int:
