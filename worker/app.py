@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client import CollectorRegistry
 
 from contracts import topology as t
-from contracts.runtime import amqp
+from contracts.runtime import amqp, event_loop
 from contracts.runtime.health import HealthServer
 from contracts.runtime.redis_client import RedisUnreachableError, check, redis_client
 from contracts.runtime.tls import TlsConfigError
@@ -391,12 +391,7 @@ def main() -> int:
         await worker.run()
 
     try:
-        if settings.event_loop == "uvloop":
-            import uvloop
-
-            uvloop.run(runner())
-        else:
-            asyncio.run(runner())
+        event_loop.run(runner(), settings.event_loop)
     except ProfileError as exc:  # a hook set that does not resolve
         log.error("%s", exc)
         return 2

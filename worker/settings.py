@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 from contracts import tenancy
 from contracts.messages import Usage
 from contracts.runtime.connection import ConnectionSettings
+from contracts.runtime.event_loop import EventLoop
 from contracts.runtime.loading import SettingsError, load
 from contracts.turns import Budget
 from worker.errors import ConfigError
@@ -220,7 +221,7 @@ class Settings(ConnectionSettings):
     grace_s: float = Field(
         default=25.0, gt=0, description="SIGTERM: time to finish the steps in hand."
     )
-    event_loop: Literal["uvloop", "asyncio"] = Field(
+    event_loop: EventLoop = Field(
         default="uvloop",
         description="The worker's event loop: uvloop, or the standard asyncio loop.",
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, SecretStr
 
 from contracts.runtime.connection import ConnectionSettings
+from contracts.runtime.event_loop import EventLoop
 
 
 class GatewayOptions(BaseModel):
@@ -60,4 +61,8 @@ class GatewaySettings(ConnectionSettings):
         default=7 * 24 * 3600,
         gt=0,
         description="A thread's idle lifetime, as the workers' sessions (LOOPWIRE_STATE_TTL_S).",
+    )
+    event_loop: EventLoop = Field(
+        default="uvloop",
+        description="The gateway's event loop: uvloop, or the standard asyncio loop.",
     )

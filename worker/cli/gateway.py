@@ -9,7 +9,6 @@ gateway imports ``contracts`` only. The files are read once, at start: restart t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import time
@@ -19,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from contracts.runtime import event_loop
 from contracts.runtime.amqp import resolve_urls
 from contracts.runtime.loading import SettingsError, load, sentence
 from contracts.runtime.metrics import build_info
@@ -179,7 +179,6 @@ async def run_gateway_serve(s: GatewaySettings) -> int:
         log_level="warning",
         access_log=False,  # the metrics count requests; a log line each would cost more
         http="httptools",  # the C parser (uvicorn's standard extra), not the pure-Python h11
-        loop="uvloop",
     )
     try:
         await uvicorn.Server(config).serve()
@@ -194,7 +193,8 @@ def run_gateway_command(args: argparse.Namespace) -> int:
     if args.gateway_command == "key":
         return run_gateway_key(args.name, args.key_tenant)
     overrides = {n: getattr(args, n) for n in ("host", "port", "keys_file", "agents_file")}
-    return asyncio.run(run_gateway_serve(settings(overrides)))
+    loaded = settings(overrides)
+    return event_loop.run(run_gateway_serve(loaded), loaded.event_loop)
 
 
 def run_gateway_key(name: str, tenant: str | None) -> int:
