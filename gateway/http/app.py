@@ -164,7 +164,9 @@ class Gateway(ThreadRoutes, RunRoutes):
         async def endpoint(request: Request) -> Response:
             started = time.monotonic()
             route = request.scope.get("route")
-            path = getattr(route, "path", request.url.path)
+            path = getattr(route, "path", None)
+            if path is None:  # only then is the request's URL put together
+                path = request.url.path
             response = await self._answer(request, handler)
             self.metrics.observe(request.method, path, response.status_code, started)
             return response

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from contracts import tenancy
 from contracts.client import new_id
+from contracts.messages import ChatMessage
 from gateway.http import approvals, runs, shapes
 from gateway.http.core import Call, Routes, error, run_path
 from gateway.http.errors import RunError
@@ -97,8 +98,11 @@ class RunRoutes(Routes):
     async def _waited(self, call: Call, run: runs.Following) -> dict[str, Any]:
         """The thread's values once the run ends, or is interrupted (with what waits). A run
         this request published is answered as soon as its result reaches the reply queue; its
-        events are watched meanwhile for an interrupt."""
+        events are watched meanwhile for an interrupt. The run's final event is announced
+        after its last save, so the thread's messages are read as soon as it arrives, while
+        the result is on its way (they are read after the result when it comes first)."""
         redis = call.threads.redis
+        reading: list[asyncio.Task[list[ChatMessage]]] = []
 
         async def interrupted() -> list[dict[str, Any]] | None:
             async for event in run.events:
@@ -107,28 +111,46 @@ class RunRoutes(Routes):
                     if calls:
                         return approvals.interrupts(calls)
                 if event.type in runs.FINAL_EVENTS:
+                    reading.append(asyncio.create_task(runs.whole_history(redis, run.thread_id)))
                     return None
             return None
 
-        async with asyncio.timeout(self.wait_timeout_s):
-            watching = asyncio.ensure_future(interrupted())
-            answering = asyncio.ensure_future(run.result()) if run.answered_directly else None
-            try:
-                pending = {watching} if answering is None else {watching, answering}
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if watching in done and (waiting := watching.result()) is not None:
-                    values = await self._values(call, run.thread_id, None)
-                    values["__interrupt__"] = waiting
-                    return values
-                result = await (answering if answering is not None else run.result())
-            finally:
-                for task in (watching, answering):
-                    if task is not None and not task.done():
-                        task.cancel()
-        return await self._values(call, run.thread_id, result)
+        try:
+            async with asyncio.timeout(self.wait_timeout_s):
+                watching = asyncio.ensure_future(interrupted())
+                answering = asyncio.ensure_future(run.result()) if run.answered_directly else None
+                try:
+                    pending = {watching} if answering is None else {watching, answering}
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    if watching in done and (waiting := watching.result()) is not None:
+                        values = await self._values(call, run.thread_id, None)
+                        values["__interrupt__"] = waiting
+                        return values
+                    result = await (answering if answering is not None else run.result())
+                finally:
+                    for task in (watching, answering):
+                        if task is not None and not task.done():
+                            task.cancel()
+                return await self._values(call, run.thread_id, result, *reading)
+        finally:
+            for read in reading:  # not awaited when the run was refused or timed out
+                if not read.done():
+                    read.cancel()
+                elif not read.cancelled():
+                    read.exception()
 
-    async def _values(self, call: Call, thread_id: str, result: Any) -> dict[str, Any]:
-        values = shapes.values(await runs.whole_history(call.threads.redis, thread_id), thread_id)
+    async def _values(
+        self,
+        call: Call,
+        thread_id: str,
+        result: Any,
+        read: Awaitable[list[ChatMessage]] | None = None,
+    ) -> dict[str, Any]:
+        """The thread's values (its messages, ``read`` already when given), with the run's
+        error when it failed."""
+        if read is None:
+            read = runs.whole_history(call.threads.redis, thread_id)
+        values = shapes.values(await read, thread_id)
         if result is not None and result.finish_reason == "error" and result.error is not None:
             values["__error__"] = {"error": result.error.code, "message": result.error.message}
         return values
