@@ -2,7 +2,8 @@
 
 The client binds its own exclusive queue to ``loopwire.events`` for the turn's
 routing keys *before* it publishes the request, so no early event is missed,
-and uses the same queue as the request's ``reply_to``. It chooses the turn id,
+and uses the same queue as the request's ``reply_to``: one queue for all the
+turns it follows (``contracts.replies``). It chooses the turn id,
 so publishing the same request again (after a lost confirm, say) is idempotent:
 the worker runs it once and answers the duplicate with the stored result.
 
@@ -15,6 +16,8 @@ turn's request again: the copy runs nothing, and its answer is the result.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -36,6 +39,7 @@ from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
 from contracts.handle import FINAL_EVENTS, TurnHandle, TurnRejectedError, publish_control
 from contracts.publishing import IntakeProbe, Vouched, intake_exchange, publishing_exchange
+from contracts.replies import ReplyQueue, queue_name
 from contracts.runtime.amqp import DEFAULT_URL, connect, login, resolve_urls
 from contracts.runtime.tls import TlsFiles
 from contracts.runtime.tracing import inject
@@ -56,11 +60,6 @@ log = logging.getLogger("loopwire.client")
 
 def new_id() -> str:
     return uuid.uuid4().hex
-
-
-def _queue_name() -> str:
-    # named, not server-named: a robust connection can re-declare it after a reconnect
-    return f"loopwire-client.{uuid.uuid4().hex}"
 
 
 class LoopwireClient:
@@ -101,6 +100,8 @@ class LoopwireClient:
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
         self._waiting: dict[str, TurnHandle] = {}
+        self._replies: ReplyQueue | None = None
+        self._opening = asyncio.Lock()
         self._sessions: Sessions | None = None
         self._requests: AbstractExchange | None = None
 
@@ -145,6 +146,15 @@ class LoopwireClient:
         if self._connection is not None:
             await self._connection.close()
             self._connection = None
+            self._replies = None
+
+    async def reply_queue(self) -> ReplyQueue:
+        """The client's reply queue, opened with its first turn."""
+        if self._replies is None:
+            async with self._opening:
+                if self._replies is None:
+                    self._replies = await ReplyQueue.open(self.channel)
+        return self._replies
 
     async def _ask_again(self, *_: object) -> None:
         """After a reconnect, publish each waiting turn's request again. A reply or event
@@ -188,8 +198,7 @@ class LoopwireClient:
             deadline = min(deadline or math.inf, time.time() + timeout_s)
         texts = [input] if isinstance(input, str) else list(input)
         turn_id = turn_id or new_id()
-        queue = await self.channel.declare_queue(_queue_name(), exclusive=True, auto_delete=True)
-        await queue.bind(t.EVENTS_EXCHANGE, routing_key=self._within(f"*.*.*.{turn_id}"))
+        replies = await self.reply_queue()
         request = TurnRequest(
             turn_id=turn_id,
             session_id=session_id or new_id(),
@@ -198,15 +207,20 @@ class LoopwireClient:
             persist=persist,
             limits=limits or LimitOverrides(),
             metadata=metadata or {},
-            reply_to=queue.name,
+            reply_to=replies.name,
             deadline=deadline,
             stream=stream,
         )
-        handle = TurnHandle(request, queue, self.channel, self.sessions, self.requests)
-        await handle._start()
+        handle = TurnHandle(request, replies, self.channel, self.sessions, self.requests)
+        await replies.follow(handle, self._within(f"*.*.*.{turn_id}"))
         self._waiting[turn_id] = handle
         handle._closed = lambda: self._waiting.pop(turn_id, None)
-        await self.publish(request)
+        try:
+            await self.publish(request)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await handle.close()
+            raise
         return handle
 
     async def publish(self, request: TurnRequest) -> None:
@@ -299,7 +313,7 @@ class LoopwireClient:
 
     async def subscribe(self, pattern: str = "#") -> AsyncIterator[Event]:
         """Every event whose routing key matches ``pattern`` (e.g. ``tool.invoked.#``), from now on."""
-        queue = await self.channel.declare_queue(_queue_name(), exclusive=True, auto_delete=True)
+        queue = await self.channel.declare_queue(queue_name(), exclusive=True, auto_delete=True)
         await queue.bind(t.EVENTS_EXCHANGE, routing_key=self._within(pattern))
         async with queue.iterator(no_ack=True) as messages:
             async for message in messages:

@@ -10,18 +10,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractExchange,
-    AbstractIncomingMessage,
-    AbstractQueue,
-)
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
 from contracts import topology as t
 from contracts.base import Contract
 from contracts.codec import DecodeError, decode, encode
 from contracts.control import TurnCancel, TurnDecision, Verdict
 from contracts.events import Event
+from contracts.replies import ReplyQueue
 from contracts.session_client import Sessions
 from contracts.streaming import StreamText, follow_text
 from contracts.turns import TurnRejection, TurnRequest, TurnResult
@@ -45,7 +41,7 @@ class TurnHandle:
     def __init__(
         self,
         request: TurnRequest,
-        queue: AbstractQueue,
+        replies: ReplyQueue | None,
         channel: AbstractChannel,
         sessions: Sessions | None = None,
         requests: AbstractExchange | None = None,
@@ -54,7 +50,7 @@ class TurnHandle:
         self._sessions = sessions
         self._requests = requests or channel.default_exchange
         self.turn_id = request.turn_id
-        self._queue = queue
+        self._replies = replies
         self._channel = channel
         self._events: asyncio.Queue[Event | TurnResult] = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -62,7 +58,6 @@ class TurnHandle:
         self._accepted: asyncio.Future[None] = loop.create_future()
         for future in (self._result, self._accepted):  # an unread rejection is not an error
             future.add_done_callback(_retrieve)
-        self._tag: str | None = None
         self._closed: Callable[[], object] = lambda: None
 
     @property
@@ -70,10 +65,9 @@ class TurnHandle:
         """Whether the result (or a rejection) has arrived."""
         return self._result.done()
 
-    async def _start(self) -> None:
-        self._tag = await self._queue.consume(self._on_message, no_ack=True)
-
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def take(self, message: AbstractIncomingMessage) -> None:
+        """A message of this turn from the client's reply queue (``contracts.replies``): its
+        result, a rejection of its request, or one of its events."""
         try:
             if message.type == "turn.result":
                 result = decode(message.body, TurnResult)
@@ -189,11 +183,10 @@ class TurnHandle:
         )
 
     async def close(self) -> None:
+        """Follow the turn no more (the turn itself goes on)."""
         self._closed()
-        if self._tag is not None:
-            await self._queue.cancel(self._tag)
-            self._tag = None
-        await self._queue.delete(if_unused=False, if_empty=False)
+        if self._replies is not None:
+            await self._replies.leave(self)
 
 
 async def publish_control(exchange: AbstractExchange, kind: str, control: Contract) -> None:

@@ -92,7 +92,7 @@ class RunRoutes(Routes):
         except BaseException:
             await run.close()
             raise
-        # answered first; the run's reply queue is let go of after the response is sent
+        # answered first; the run is let go of (its binding removed) after the response is sent
         return JSONResponse(values, background=BackgroundTask(run.close))
 
     async def _waited(self, call: Call, run: runs.Following) -> dict[str, Any]:

@@ -148,7 +148,7 @@ class Following:
     result: Callable[[], Awaitable[TurnResult | None]]
     close: Callable[[], Awaitable[None]]
     answered_directly: bool = False
-    """``result()`` resolves as soon as the run's result reaches the request's reply queue
+    """``result()`` resolves as soon as the run's result reaches the client's reply queue
     (a run it published), not only after the run's final event."""
 
     @classmethod

@@ -13,7 +13,7 @@ publisher client (``contracts.client``), and its answer is the turn's result.
 
 The SDK's low-level ``Server`` is used, not its decorator front end: the tools are data (an
 agents file), not Python functions. One ``LoopwireClient`` (one AMQP connection) serves every
-call of every MCP session; each call has its own turn handle (its own reply queue).
+call of every MCP session; each call has its own turn handle (on the client's one reply queue).
 """
 
 from __future__ import annotations

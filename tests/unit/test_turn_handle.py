@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from contracts.codec import encode
 from contracts.events import TurnRejected, make_event
@@ -45,11 +45,11 @@ async def handle_of(session_id: str) -> TurnHandle:
         input=(InputMessage(content="hi"),),
     )
     channel = SimpleNamespace(default_exchange=None)
-    return TurnHandle(request, cast(AbstractQueue, None), cast(AbstractChannel, channel))
+    return TurnHandle(request, None, cast(AbstractChannel, channel))
 
 
 async def deliver(handle: TurnHandle, message: Delivered) -> None:
-    await handle._on_message(cast(AbstractIncomingMessage, cast(Any, message)))
+    await handle.take(cast(AbstractIncomingMessage, cast(Any, message)))
 
 
 async def test_another_sessions_refused_request_for_the_same_turn_id_is_not_this_turns_end() -> (
