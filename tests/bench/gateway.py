@@ -7,9 +7,9 @@ measures it). Each turn is one model call (the agent
 
 - **Latency added**: ``Plan.gateway_runs`` turns, one at a time, alternating between the
   publisher client over AMQP (``start_turn`` and the result: publish, wait for it; the clock
-  stops with the result in hand, before the client lets go of its reply queue) and the gateway
+  stops with the result in hand, before the client lets go of the turn) and the gateway
   (``POST /runs/wait`` on a kept-alive connection: the gateway publishes, waits, reads the
-  thread's messages for the answer's values, answers, then lets go of its reply queue). p50
+  thread's messages for the answer's values, answers, then lets go of the turn). p50
   and p99 of each, and their differences: what the gateway adds to a run (target: p50 ≤ 2 ms).
 - **Memory per open stream**: with the model holding every answer, ``Plan.gateway_streams``
   clients each open ``POST /runs/stream`` and read its first event (``metadata``); the
