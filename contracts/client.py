@@ -27,8 +27,8 @@ from typing import Any, cast
 
 import aio_pika
 from aio_pika.abc import (
-    AbstractChannel,
     AbstractExchange,
+    AbstractRobustChannel,
     AbstractRobustConnection,
 )
 
@@ -98,8 +98,8 @@ class LoopwireClient:
         self.reconnect_s = reconnect_s
         self.tls = tls
         self._connection: AbstractRobustConnection | None = None
-        self._channel: AbstractChannel | None = None
-        self._waiting: dict[str, TurnHandle] = {}
+        self._channel: AbstractRobustChannel | None = None
+        self._waiting: set[TurnHandle] = set()
         self._replies: ReplyQueue | None = None
         self._opening = asyncio.Lock()
         self._sessions: Sessions | None = None
@@ -144,9 +144,19 @@ class LoopwireClient:
 
     async def close(self) -> None:
         if self._connection is not None:
+            if self._replies is not None:
+                self._replies.shut()
+                self._replies = None
             await self._connection.close()
             self._connection = None
-            self._replies = None
+
+    @contextlib.asynccontextmanager
+    async def watching(self, turn_id: str) -> AsyncIterator[AsyncIterator[Event]]:
+        """A turn's events from now on (bound before this yields), whoever started it: on the
+        client's reply queue, as its own turns' are."""
+        replies = await self.reply_queue()
+        async with replies.watch(turn_id, self._within(f"*.*.*.{turn_id}")) as events:
+            yield events
 
     async def reply_queue(self) -> ReplyQueue:
         """The client's reply queue, opened with its first turn."""
@@ -162,7 +172,7 @@ class LoopwireClient:
         with the connection; the copy (same turn id) runs nothing: loopwire answers it with
         the stored result of a finished turn, or remembers its ``reply_to`` beside the first's
         for a running one, so the result still arrives."""
-        for handle in list(self._waiting.values()):
+        for handle in list(self._waiting):
             if handle.done:
                 continue
             try:
@@ -171,7 +181,7 @@ class LoopwireClient:
                 log.warning("could not publish turn %s again after a reconnect", handle.turn_id)
 
     @property
-    def channel(self) -> AbstractChannel:
+    def channel(self) -> AbstractRobustChannel:
         if self._channel is None:
             raise RuntimeError("LoopwireClient is not connected")
         return self._channel
@@ -213,8 +223,8 @@ class LoopwireClient:
         )
         handle = TurnHandle(request, replies, self.channel, self.sessions, self.requests)
         await replies.follow(handle, self._within(f"*.*.*.{turn_id}"))
-        self._waiting[turn_id] = handle
-        handle._closed = lambda: self._waiting.pop(turn_id, None)
+        self._waiting.add(handle)
+        handle._closed = lambda: self._waiting.discard(handle)
         try:
             await self.publish(request)
         except BaseException:

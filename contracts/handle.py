@@ -71,6 +71,8 @@ class TurnHandle:
         try:
             if message.type == "turn.result":
                 result = decode(message.body, TurnResult)
+                if result.session_id != self.request.session_id:
+                    return  # another session's turn id (its request was refused: not ours)
                 if not self._result.done():
                     self._result.set_result(result)
                 if not self._accepted.done():
@@ -78,7 +80,9 @@ class TurnHandle:
                 await self._events.put(result)
                 return
             if message.type == "turn.rejection":  # the worker's answer to a refused request
-                self._reject(decode(message.body, TurnRejection).reason)
+                rejection = decode(message.body, TurnRejection)
+                if rejection.session_id in (None, self.request.session_id):
+                    self._reject(rejection.reason)
                 return
             event = decode(message.body, Event)
         except DecodeError:
@@ -186,7 +190,7 @@ class TurnHandle:
         """Follow the turn no more (the turn itself goes on)."""
         self._closed()
         if self._replies is not None:
-            await self._replies.leave(self)
+            self._replies.leave(self)
 
 
 async def publish_control(exchange: AbstractExchange, kind: str, control: Contract) -> None:

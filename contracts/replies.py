@@ -7,33 +7,69 @@ to the turn's handles by turn id: a reply (AMQP ``type`` ``turn.result`` or ``tu
 by its ``correlation_id``, the turn id the worker answers with; an event by the last word of
 its routing key, the word the binding matched. A message for a turn no handle follows any
 more (a late event, a copy's reply) is dropped. A turn's binding is removed when its last
-handle closes; two handles of one turn id (a request published again) share it.
+handle closes; two handles of one turn id (a request published again) share it. A turn the
+client did not start (another process's, another request's) is watched on the same queue
+(``watch``: its events only).
 
 Why one queue: a queue for each turn cost four broker round trips per turn (declare, consume,
 cancel, delete) and a queue created and deleted each time, which RabbitMQ advises against
 (queue churn); a binding costs one round trip before the request, and one after the turn.
 
 The queue is named by the client (``loopwire-client.<hex>``), exclusive and auto-deleted, on
-the client's robust channel: after a reconnect it is declared again under the same name with
-its consumer and the bindings of the turns still followed, and the client publishes each
-waiting turn's request again (``LoopwireClient._ask_again``), since what was sent to it while
-the client was away went with the old one.
+the client's robust channel: after a reconnect (or the channel's reopening) it is declared
+again under the same name with its consumer, the turns still followed are bound again (this
+module keeps the bindings, not aio-pika: a binding whose removal failed is not brought back),
+and the client publishes each waiting turn's request again (``LoopwireClient._ask_again``),
+since what was sent to it while the client was away went with the old one.
+
+A turn's bind and unbind run in the order they were asked for (one after the other, each once
+the channel is restored), in tasks of their own. Closing a handle takes effect at once (it is
+handed nothing more) and its turn's binding is removed behind it: once made, when the handle
+closed while it was being made; before a new one, when the turn is followed again meanwhile. A
+closing client drops what is under way (the queue and its bindings go with the connection).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Protocol
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustQueue
 
 from contracts import topology as t
-
-if TYPE_CHECKING:
-    from contracts.handle import TurnHandle
+from contracts.codec import DecodeError, decode
+from contracts.events import Event
 
 REPLY_TYPES = frozenset({"turn.result", "turn.rejection"})
+
+
+class Follower(Protocol):
+    """What follows a turn on the queue: a ``TurnHandle``, or a watcher of its events."""
+
+    @property
+    def turn_id(self) -> str: ...
+
+    async def take(self, message: AbstractIncomingMessage) -> None: ...
+
+
+class _Watcher:
+    """A turn's events as they arrive (its replies are its publisher's, not this reader's)."""
+
+    def __init__(self, turn_id: str) -> None:
+        self.turn_id = turn_id
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+
+    async def take(self, message: AbstractIncomingMessage) -> None:
+        if message.type not in REPLY_TYPES:
+            with contextlib.suppress(DecodeError):
+                self._events.put_nowait(decode(message.body, Event))
+
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            yield await self._events.get()
 
 
 def queue_name() -> str:
@@ -45,18 +81,23 @@ class ReplyQueue:
     """``open`` it on the client's channel; ``follow`` a turn's handle before its request is
     published, ``leave`` when the handle closes."""
 
-    def __init__(self, queue: AbstractQueue) -> None:
+    def __init__(self, channel: AbstractRobustChannel, queue: AbstractRobustQueue) -> None:
+        self.channel = channel
         self.queue = queue
-        self._handles: dict[str, list[TurnHandle]] = {}
-        self._bound: dict[str, asyncio.Future[Any]] = {}
-        """Each followed turn's binding (its key's ``bind``, done or under way)."""
+        self._handles: dict[str, list[Follower]] = {}
+        self._bound: dict[str, asyncio.Future[None]] = {}
+        """Each followed turn's binding (done or under way)."""
         self._keys: dict[str, str] = {}
+        self._last: dict[str, asyncio.Future[None]] = {}
+        """Each turn's last bind or unbind asked for, while under way."""
+        self._shut = False
 
     @classmethod
-    async def open(cls, channel: AbstractChannel) -> ReplyQueue:
+    async def open(cls, channel: AbstractRobustChannel) -> ReplyQueue:
         queue = await channel.declare_queue(queue_name(), exclusive=True, auto_delete=True)
-        replies = cls(queue)
+        replies = cls(channel, queue)
         await queue.consume(replies._deliver, no_ack=True)
+        channel.reopen_callbacks.add(replies._bind_again)
         return replies
 
     @property
@@ -68,7 +109,7 @@ class ReplyQueue:
         """How many turns are followed (bound) now."""
         return len(self._handles)
 
-    async def follow(self, handle: TurnHandle, routing_key: str) -> None:
+    async def follow(self, handle: Follower, routing_key: str) -> None:
         """``handle`` gets its turn's replies and the events ``routing_key`` matches, from
         before this returns."""
         turn_id = handle.turn_id
@@ -76,16 +117,21 @@ class ReplyQueue:
         handles.append(handle)
         if turn_id not in self._bound:
             self._keys[turn_id] = routing_key
-            binding = self.queue.bind(t.EVENTS_EXCHANGE, routing_key)
-            self._bound[turn_id] = asyncio.ensure_future(binding)
+            self._bound[turn_id] = self._then(turn_id, self._bind, routing_key)
+        bound = self._bound[turn_id]
         try:
-            await asyncio.shield(self._bound[turn_id])
-        except BaseException:
-            await self.leave(handle)
+            await asyncio.shield(bound)
+        except BaseException as exc:
+            self.leave(handle)
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and not (task and task.cancelling()):
+                raise RuntimeError("the client was closed while following a turn") from None
             raise
 
-    async def leave(self, handle: TurnHandle) -> None:
-        """``handle`` gets nothing more; its turn's binding goes with its last handle."""
+    def leave(self, handle: Follower) -> None:
+        """``handle`` gets nothing more, from now; its turn's binding is removed with its last
+        handle, behind (in order with the turn's other changes; a failure is dropped: the
+        binding then goes with the connection)."""
         turn_id = handle.turn_id
         handles = self._handles.get(turn_id)
         if handles is None or handle not in handles:
@@ -93,14 +139,68 @@ class ReplyQueue:
         handles.remove(handle)
         if handles:
             return
-        del self._handles[turn_id]
-        bound = self._bound.pop(turn_id)
+        del self._handles[turn_id], self._bound[turn_id]
         key = self._keys.pop(turn_id)
-        try:
-            await asyncio.shield(bound)  # a binding still under way is removed once made
-        except Exception:
-            return  # never made
+        if not self._shut:
+            self._then(turn_id, self._unbind, key)
+
+    def shut(self) -> None:
+        """The client is closing: the changes under way are dropped (the queue and its bindings
+        go with the connection)."""
+        self._shut = True
+        for task in list(self._last.values()):
+            task.cancel()
+
+    def _then(
+        self, turn_id: str, change: Callable[[str], Coroutine[Any, Any, None]], key: str
+    ) -> asyncio.Future[None]:
+        """``change(key)`` once the turn's changes asked for before it are done, in a task of its
+        own (its failure is the caller's to see, or is dropped)."""
+        if self._shut:
+            raise RuntimeError("the client is closed")
+        before = self._last.get(turn_id)
+
+        async def run() -> None:
+            if before is not None:
+                await asyncio.wait({before})  # whatever its outcome
+            await self.channel.ready()
+            await change(key)
+
+        task = asyncio.ensure_future(run())
+        self._last[turn_id] = task
+
+        def done(task: asyncio.Future[None]) -> None:
+            if self._last.get(turn_id) is task:
+                del self._last[turn_id]
+            if not task.cancelled():
+                task.exception()  # seen by whoever awaited it; no "never retrieved"
+
+        task.add_done_callback(done)
+        return task
+
+    async def _bind(self, key: str) -> None:
+        await self.queue.bind(t.EVENTS_EXCHANGE, key, robust=False)
+
+    async def _unbind(self, key: str) -> None:
         await self.queue.unbind(t.EVENTS_EXCHANGE, key)
+
+    async def _bind_again(self, *_: object) -> None:
+        """After the channel is reopened (the queue declared again): the followed turns'
+        bindings, made again."""
+        if self._shut:
+            return
+        again = [self._then(turn_id, self._bind, key) for turn_id, key in self._keys.items()]
+        await asyncio.gather(*again, return_exceptions=True)
+
+    @contextlib.asynccontextmanager
+    async def watch(self, turn_id: str, routing_key: str) -> AsyncIterator[AsyncIterator[Event]]:
+        """The turn's events from now on (bound before this yields), until the block ends."""
+        watcher = _Watcher(turn_id)
+        await self.follow(watcher, routing_key)
+        try:
+            yield watcher.events()
+        finally:
+            self.leave(watcher)
 
     async def _deliver(self, message: AbstractIncomingMessage) -> None:
         if message.type in REPLY_TYPES:

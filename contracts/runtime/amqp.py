@@ -25,7 +25,7 @@ first ``connect`` tries each address once, in order, and fails only when none an
 
 What survives a node. loopwire's queues are quorum queues (replicated on every node of a
 three-node cluster; one node lost keeps a majority). A process's *reply queues* (the worker's
-tool-reply queue, the client's queue per turn) are exclusive, auto-deleted classic queues on
+tool-reply queue, the client's reply queue) are exclusive, auto-deleted classic queues on
 purpose: they belong to one connection, a quorum queue cannot be exclusive, and a durable
 reply queue would outlive the process that reads it. When the node holding one goes, the
 queue goes with the connection and is declared again on the next node; what was addressed to

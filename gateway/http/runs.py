@@ -22,10 +22,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from contracts import tenancy
-from contracts import topology as t
 from contracts.client import LoopwireClient, TurnHandle
-from contracts.codec import DecodeError, decode
 from contracts.events import Event
 from contracts.history import read_history
 from contracts.messages import ChatMessage
@@ -102,21 +99,10 @@ async def start(
 
 @contextlib.asynccontextmanager
 async def subscribed(client: LoopwireClient, run_id: str) -> AsyncIterator[AsyncIterator[Event]]:
-    """The run's events from now on (bound before this yields), within the call's tenant."""
-    queue = await client.channel.declare_queue(exclusive=True, auto_delete=True)
-    try:
-        await queue.bind(t.EVENTS_EXCHANGE, routing_key=tenancy.routed(f"*.*.*.{run_id}"))
-
-        async def events() -> AsyncIterator[Event]:
-            async with queue.iterator(no_ack=True) as messages:
-                async for message in messages:
-                    with contextlib.suppress(DecodeError):
-                        yield decode(message.body, Event)
-
-        yield events()
-    finally:
-        with contextlib.suppress(Exception):
-            await queue.delete(if_unused=False, if_empty=False)
+    """The run's events from now on (bound before this yields), within the call's tenant (the
+    tenant's client), on the client's one reply queue (``contracts.replies``)."""
+    async with client.watching(run_id) as events:
+        yield events
 
 
 async def follow(

@@ -160,17 +160,34 @@ class WorkerProcess:
         self.close()
 
 
-def event_bindings(pattern: str) -> int:
-    """How many queues are bound to the events exchange with ``pattern`` (subscribers)."""
+def _listed(what: str, *columns: str) -> list[list[str]]:
+    """``rabbitmqctl list_<what>`` of the tests' vhost: a row of ``columns`` per line."""
     vhost = urllib.parse.unquote(urllib.parse.urlsplit(AMQP_URL).path[1:]) or "/"
     out = subprocess.run(
-        ["rabbitmqctl", "-q", "list_bindings", "-p", vhost, "source_name", "routing_key"],
+        ["rabbitmqctl", "-q", f"list_{what}", "-p", vhost, *columns],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout
-    return sum(line.split("\t") == [t.EVENTS_EXCHANGE, pattern] for line in out.splitlines())
+    return [line.split("\t") for line in out.splitlines()]
+
+
+def event_bindings(pattern: str) -> int:
+    """How many queues are bound to the events exchange with ``pattern`` (subscribers)."""
+    rows = _listed("bindings", "source_name", "routing_key")
+    return sum(row == [t.EVENTS_EXCHANGE, pattern] for row in rows)
+
+
+def close_connection_owning(queue: str) -> None:
+    """The broker closes the connection that owns the exclusive queue ``queue``."""
+    owner = next(row[1] for row in _listed("queues", "name", "owner_pid") if row[0] == queue)
+    subprocess.run(
+        ["rabbitmqctl", "-q", "close_connection", owner, "test: connection drop"],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
 
 
 async def run_cli(

@@ -98,3 +98,23 @@ async def test_its_rejection_event_ends_its_events_as_well() -> None:
     await deliver(handle, rejected("s-a", "unknown_agent"))
 
     assert [event.type async for event in handle.events()] == ["turn.rejected"]
+
+
+async def test_another_sessions_refused_request_on_the_shared_reply_queue_is_not_this_turns() -> (
+    None
+):
+    """The client's one reply queue (``contracts.replies``) hands a reply to every handle of
+    its turn id: the refusal of another session's request for the same turn id (``in use``)
+    is not this turn's end."""
+    handle = await handle_of("s-a")
+    theirs = TurnRejection(
+        turn_id="turn-1",
+        session_id="s-b",
+        code="turn_id_in_use",
+        reason="turn id turn-1 is in use",
+        rejected_at=1.0,
+    )
+
+    await deliver(handle, Delivered(encode(theirs), type="turn.rejection"))
+
+    assert not handle.done
