@@ -16,11 +16,13 @@ cancel, delete) and a queue created and deleted each time, which RabbitMQ advise
 (queue churn); a binding costs one round trip before the request, and one after the turn.
 
 The queue is named by the client (``loopwire-client.<hex>``), exclusive and auto-deleted, on
-the client's robust channel: after a reconnect (or the channel's reopening) it is declared
-again under the same name with its consumer, the turns still followed are bound again (this
-module keeps the bindings, not aio-pika: a binding whose removal failed is not brought back),
-and the client publishes each waiting turn's request again (``LoopwireClient._ask_again``),
-since what was sent to it while the client was away went with the old one.
+the client's robust channel: after a reconnect (or the channel's reopening, or its consumer's
+recovery) aio-pika declares it again under the same name with its consumer and the bindings
+of the turns still followed, and the client publishes each waiting turn's request again
+(``LoopwireClient._ask_again``), since what was sent to it while the client was away went
+with the old one. aio-pika forgets a binding only when its removal succeeds: one whose
+removal failed (the connection lost meanwhile) is removed again once the channel is back,
+unless its turn is followed again.
 
 A turn's bind and unbind run in the order they were asked for (one after the other, each once
 the channel is restored), in tasks of their own. Closing a handle takes effect at once (it is
@@ -90,6 +92,9 @@ class ReplyQueue:
         self._keys: dict[str, str] = {}
         self._last: dict[str, asyncio.Future[None]] = {}
         """Each turn's last bind or unbind asked for, while under way."""
+        self._under_way: set[asyncio.Future[None]] = set()
+        self._stale: set[str] = set()
+        """Keys whose unbinding failed: aio-pika binds them again with the queue."""
         self._shut = False
 
     @classmethod
@@ -97,7 +102,7 @@ class ReplyQueue:
         queue = await channel.declare_queue(queue_name(), exclusive=True, auto_delete=True)
         replies = cls(channel, queue)
         await queue.consume(replies._deliver, no_ack=True)
-        channel.reopen_callbacks.add(replies._bind_again)
+        channel.reopen_callbacks.add(replies._unbind_stale)
         return replies
 
     @property
@@ -148,7 +153,7 @@ class ReplyQueue:
         """The client is closing: the changes under way are dropped (the queue and its bindings
         go with the connection)."""
         self._shut = True
-        for task in list(self._last.values()):
+        for task in list(self._under_way):
             task.cancel()
 
     def _then(
@@ -168,8 +173,10 @@ class ReplyQueue:
 
         task = asyncio.ensure_future(run())
         self._last[turn_id] = task
+        self._under_way.add(task)
 
         def done(task: asyncio.Future[None]) -> None:
+            self._under_way.discard(task)
             if self._last.get(turn_id) is task:
                 del self._last[turn_id]
             if not task.cancelled():
@@ -179,18 +186,29 @@ class ReplyQueue:
         return task
 
     async def _bind(self, key: str) -> None:
-        await self.queue.bind(t.EVENTS_EXCHANGE, key, robust=False)
+        self._stale.discard(key)
+        await self.queue.bind(t.EVENTS_EXCHANGE, key)
 
     async def _unbind(self, key: str) -> None:
-        await self.queue.unbind(t.EVENTS_EXCHANGE, key)
+        try:
+            await self.queue.unbind(t.EVENTS_EXCHANGE, key)
+        except Exception:
+            self._stale.add(key)
+            raise
 
-    async def _bind_again(self, *_: object) -> None:
-        """After the channel is reopened (the queue declared again): the followed turns'
-        bindings, made again."""
-        if self._shut:
-            return
-        again = [self._then(turn_id, self._bind, key) for turn_id, key in self._keys.items()]
-        await asyncio.gather(*again, return_exceptions=True)
+    async def _unbind_stale(self, *_: object) -> None:
+        """Once the channel is back (its queue and bindings restored, before the client asks
+        again): the bindings whose removal failed, removed, directly (never waiting on the
+        turns' changes: this runs within the channel's restore)."""
+        for key in list(self._stale):
+            if self._shut:
+                return
+            if key in self._keys.values():  # followed again: its binding is wanted
+                self._stale.discard(key)
+                continue
+            with contextlib.suppress(Exception):
+                await self.queue.unbind(t.EVENTS_EXCHANGE, key)
+                self._stale.discard(key)
 
     @contextlib.asynccontextmanager
     async def watch(self, turn_id: str, routing_key: str) -> AsyncIterator[AsyncIterator[Event]]:

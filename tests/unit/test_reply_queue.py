@@ -24,6 +24,8 @@ class SlowQueue:
     def __init__(self) -> None:
         self.done: list[tuple[str, str]] = []
         self.release = asyncio.Event()
+        self.failing = 0
+        """How many of the next unbinds fail (the connection lost meanwhile)."""
 
     async def bind(self, exchange: str, key: str, **_: Any) -> None:
         await self.release.wait()
@@ -31,6 +33,9 @@ class SlowQueue:
 
     async def unbind(self, exchange: str, key: str, **_: Any) -> None:
         await self.release.wait()
+        if self.failing:
+            self.failing -= 1
+            raise ConnectionError("the connection was lost")
         self.done.append(("unbind", key))
 
 
@@ -45,6 +50,17 @@ def replies_over(queue: SlowQueue) -> ReplyQueue:
 
 def handle(turn_id: str) -> Any:
     return SimpleNamespace(turn_id=turn_id)
+
+
+async def following(*turn_ids: str) -> tuple[SlowQueue, ReplyQueue, list[Any]]:
+    """A queue that answers at once, and a handle of each turn id following on it."""
+    queue = SlowQueue()
+    queue.release.set()
+    replies = replies_over(queue)
+    handles = [handle(turn_id) for turn_id in turn_ids]
+    for one in handles:
+        await replies.follow(one, f"*.*.*.{one.turn_id}")
+    return queue, replies, handles
 
 
 async def settled() -> None:
@@ -71,11 +87,7 @@ async def test_a_turn_closed_while_bound_and_followed_again_ends_bound() -> None
 
 
 async def test_a_close_returns_at_once_and_the_binding_goes_behind() -> None:
-    queue = SlowQueue()
-    replies = replies_over(queue)
-    queue.release.set()
-    one = handle("t1")
-    await replies.follow(one, "*.*.*.t1")
+    queue, replies, (one,) = await following("t1")
     queue.release.clear()
 
     replies.leave(one)
@@ -105,13 +117,8 @@ async def test_a_closing_client_drops_what_is_under_way() -> None:
 
 
 async def test_two_handles_of_one_turn_share_its_binding() -> None:
-    queue = SlowQueue()
-    queue.release.set()
-    replies = replies_over(queue)
-    first, second = handle("t1"), handle("t1")
+    queue, replies, (first, second) = await following("t1", "t1")
 
-    await replies.follow(first, "*.*.*.t1")
-    await replies.follow(second, "*.*.*.t1")
     replies.leave(first)
     await settled()
     assert queue.done == [("bind", "*.*.*.t1")]
@@ -120,3 +127,23 @@ async def test_two_handles_of_one_turn_share_its_binding() -> None:
     await settled()
 
     assert queue.done == [("bind", "*.*.*.t1"), ("unbind", "*.*.*.t1")]
+
+
+async def test_a_binding_whose_removal_failed_is_removed_once_the_channel_is_back() -> None:
+    queue, replies, (one, other) = await following("t1", "t2")
+    queue.failing = 2
+
+    replies.leave(one)
+    replies.leave(other)
+    await settled()
+    await replies.follow(handle("t2"), "*.*.*.t2")  # t2 is followed again meanwhile
+    await replies._unbind_stale()  # the channel's reopening (aio-pika restored both)
+
+    assert queue.done == [
+        ("bind", "*.*.*.t1"),
+        ("bind", "*.*.*.t2"),
+        ("bind", "*.*.*.t2"),
+        ("unbind", "*.*.*.t1"),
+    ]
+    await replies._unbind_stale()
+    assert len(queue.done) == 4  # removed once
