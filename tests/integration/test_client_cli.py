@@ -13,6 +13,7 @@ from typing import Any
 
 import aio_pika
 import pytest
+from support_rpc import wait_until
 from yarl import URL
 
 from contracts import topology as t
@@ -415,14 +416,21 @@ async def test_cli_dlq_refuses_to_replay_a_dead_step_and_keeps_it(
         extra_env={"LOOPWIRE_FAILPOINTS": "raise-step_begin", "LOOPWIRE_MAX_STEP_ATTEMPTS": "1"},
     )
     await worker.start()
+    rows: list[str] = []
+
+    async def dead_lettered() -> bool:
+        listed = await cli("dlq", "list")
+        rows[:] = [line for line in listed.stdout.splitlines() if result.turn_id in line]
+        return bool(rows)
+
     try:
         result = await client.run_turn("support", "hello", timeout=30)
+        # the turn's end is answered before its step is dead-lettered: wait for the letter
+        await wait_until(dead_lettered, timeout=30)
     finally:
         worker.close()
     assert (result.finish_reason, result.error and result.error.code) == ("error", "step_failed")
-    listed = await cli("dlq", "list")
-    row = next(line for line in listed.stdout.splitlines() if result.turn_id in line)
-    dead_id = row.split()[0]
+    dead_id = rows[0].split()[0]
 
     refused = await cli("dlq", "replay", dead_id)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from support_rpc import wait_until
 
 from contracts import keys
 from contracts.client import LoopwireClient, TurnHandle, new_id
@@ -164,8 +165,16 @@ async def test_step_that_keeps_failing_fails_its_turn_and_frees_the_session(
     )
     await broken.start()
     session = new_id()
+    listed: list[Any] = []
+
+    async def dead_lettered() -> bool:
+        listed[:] = [d for d in await list_dead(AMQP_URL) if d.turn_id == failed.turn_id]
+        return bool(listed)
+
     try:
         failed = await client.run_turn("support", "first", session_id=session, timeout=30)
+        # the turn's end is answered before its step is dead-lettered: wait for the letter
+        await wait_until(dead_lettered, timeout=30)
     finally:
         broken.close()
     assert failed.finish_reason == "error"
@@ -173,7 +182,6 @@ async def test_step_that_keeps_failing_fails_its_turn_and_frees_the_session(
     assert failed.error.code == "step_failed"
     assert "failpoint step_begin" in failed.error.message
     # the dead letter keeps the step message and its reason
-    listed = [d for d in await list_dead(AMQP_URL) if d.turn_id == failed.turn_id]
     assert [d.code for d in listed] == ["step_failed"]
     # the session is not blocked: its next turn runs on a healthy worker
     scripted_model.expect(Reply.text("second answer"))
