@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustQueue
@@ -74,6 +75,16 @@ class _Watcher:
             yield await self._events.get()
 
 
+@dataclass(slots=True)
+class _Followed:
+    """A turn followed on the queue: its handles, its binding's key, and that binding (done
+    or under way)."""
+
+    key: str
+    bound: asyncio.Future[None]
+    handles: list[Follower] = field(default_factory=list)
+
+
 def queue_name() -> str:
     # named, not server-named: a robust connection can re-declare it after a reconnect
     return f"loopwire-client.{uuid.uuid4().hex}"
@@ -86,10 +97,7 @@ class ReplyQueue:
     def __init__(self, channel: AbstractRobustChannel, queue: AbstractRobustQueue) -> None:
         self.channel = channel
         self.queue = queue
-        self._handles: dict[str, list[Follower]] = {}
-        self._bound: dict[str, asyncio.Future[None]] = {}
-        """Each followed turn's binding (done or under way)."""
-        self._keys: dict[str, str] = {}
+        self._turns: dict[str, _Followed] = {}
         self._last: dict[str, asyncio.Future[None]] = {}
         """Each turn's last bind or unbind asked for, while under way."""
         self._under_way: set[asyncio.Future[None]] = set()
@@ -112,20 +120,19 @@ class ReplyQueue:
     @property
     def following(self) -> int:
         """How many turns are followed (bound) now."""
-        return len(self._handles)
+        return len(self._turns)
 
     async def follow(self, handle: Follower, routing_key: str) -> None:
         """``handle`` gets its turn's replies and the events ``routing_key`` matches, from
         before this returns."""
         turn_id = handle.turn_id
-        handles = self._handles.setdefault(turn_id, [])
-        handles.append(handle)
-        if turn_id not in self._bound:
-            self._keys[turn_id] = routing_key
-            self._bound[turn_id] = self._then(turn_id, self._bind, routing_key)
-        bound = self._bound[turn_id]
+        followed = self._turns.get(turn_id)
+        if followed is None:
+            bound = self._then(turn_id, self._bind, routing_key)
+            followed = self._turns[turn_id] = _Followed(routing_key, bound)
+        followed.handles.append(handle)
         try:
-            await asyncio.shield(bound)
+            await asyncio.shield(followed.bound)
         except BaseException as exc:
             self.leave(handle)
             task = asyncio.current_task()
@@ -138,16 +145,15 @@ class ReplyQueue:
         handle, behind (in order with the turn's other changes; a failure is dropped: the
         binding then goes with the connection)."""
         turn_id = handle.turn_id
-        handles = self._handles.get(turn_id)
-        if handles is None or handle not in handles:
+        followed = self._turns.get(turn_id)
+        if followed is None or handle not in followed.handles:
             return
-        handles.remove(handle)
-        if handles:
+        followed.handles.remove(handle)
+        if followed.handles:
             return
-        del self._handles[turn_id], self._bound[turn_id]
-        key = self._keys.pop(turn_id)
+        del self._turns[turn_id]
         if not self._shut:
-            self._then(turn_id, self._unbind, key)
+            self._then(turn_id, self._unbind, followed.key)
 
     def shut(self) -> None:
         """The client is closing: the changes under way are dropped (the queue and its bindings
@@ -203,7 +209,7 @@ class ReplyQueue:
         for key in list(self._stale):
             if self._shut:
                 return
-            if key in self._keys.values():  # followed again: its binding is wanted
+            if any(f.key == key for f in self._turns.values()):  # followed again: wanted
                 self._stale.discard(key)
                 continue
             with contextlib.suppress(Exception):
@@ -225,5 +231,6 @@ class ReplyQueue:
             turn_id = message.correlation_id or ""
         else:
             turn_id = (message.routing_key or "").rpartition(".")[2]
-        for handle in tuple(self._handles.get(turn_id, ())):
+        followed = self._turns.get(turn_id)
+        for handle in tuple(followed.handles) if followed is not None else ():
             await handle.take(message)
