@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -24,7 +25,6 @@ from contracts.runtime import amqp, event_loop
 from contracts.runtime.health import HealthServer
 from contracts.runtime.redis_client import RedisUnreachableError, check, redis_client
 from contracts.runtime.tls import TlsConfigError
-from contracts.runtime.tracer_setup import start_tracing
 from worker.errors import ConfigError, ProfileError
 from worker.loop import Loop
 from worker.loop.streaming import StreamSettings
@@ -129,7 +129,7 @@ class Worker:
         )
         gate = BrokerGate()
         gate.watch(connection)
-        tracing = _tracing(source)
+        tracing = Tracing.started(functools.partial(_redacts, source))
         model, clients = build_models(
             s,
             on_fallback=self.metrics.model_fallback,
@@ -343,23 +343,15 @@ def _own_user(urls: Sequence[str], workers: Sequence[str]) -> str | None:
     return user
 
 
+def _redacts(source: ProfileSource, agent: str) -> bool:
+    """Whether an agent's contents stay out of its spans: it redacts, or it is not known."""
+    profile = source.get(agent)
+    return profile is None or REDACT in profile.hooks
+
+
 def _stop_tracing(tracing: Tracing | None) -> None:
     if tracing is not None:
-        tracing.provider.shutdown()  # exports what is still batched
-
-
-def _tracing(source: ProfileSource) -> Tracing | None:
-    """The worker's spans, when ``OTEL_*`` asks for them; an agent that redacts (or one not
-    known) never has its contents recorded."""
-    provider = start_tracing("loopwire-worker")
-    if provider is None:
-        return None
-
-    def redacts(agent: str) -> bool:
-        profile = source.get(agent)
-        return profile is None or REDACT in profile.hooks
-
-    return Tracing(provider, redacts=redacts)
+        tracing.shutdown()
 
 
 def main() -> int:

@@ -40,7 +40,7 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from contracts.runtime.tracer_setup import chosen_ids
+from contracts.runtime.tracer_setup import chosen_ids, start_tracing
 from contracts.runtime.tracing import TRACEPARENT, TRACESTATE, context_of, inject
 from contracts.state import AgentState, ModelResponse, TurnTrace
 from contracts.tools import ToolCallReply, ToolCallRequest, ToolDefinition
@@ -70,6 +70,16 @@ class Tracing:
         if capture is None:
             capture = os.environ.get(CAPTURE_CONTENT, "").strip().lower() == "true"
         self.capture = capture
+
+    @classmethod
+    def started(cls, redacts: Callable[[str], bool]) -> Tracing | None:
+        """The worker's spans, when ``OTEL_*`` asks for them (``redacts``: an agent whose
+        contents are never recorded)."""
+        provider = start_tracing("loopwire-worker")
+        return None if provider is None else cls(provider, redacts=redacts)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()  # exports what is still batched
 
     def records_content(self, agent: str | None) -> bool:
         return self.capture and agent is not None and not self.redacts(agent)
