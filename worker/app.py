@@ -37,8 +37,9 @@ from worker.redaction import REDACT
 from worker.redaction.service import Redaction
 from worker.redaction.vault import RedisVault
 from worker.runtime import collector
+from worker.runtime.counting_sink import CountingSink
 from worker.runtime.heap import HeapTrimmer, malloc_trim
-from worker.runtime.metrics import CountingSink, WorkerMetrics, build_info
+from worker.runtime.metrics import WorkerMetrics, build_info
 from worker.runtime.shutdown import SHUTDOWN_SLACK_S, exit_after
 from worker.runtime.tenancy import Tenancy
 from worker.runtime.tenant_label import tenant_label

@@ -4,6 +4,7 @@ platform and GC collectors, and the histogram buckets that workers and tool serv
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
@@ -37,3 +38,19 @@ def build_info(registry: CollectorRegistry, *, component: str, service: str) -> 
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
+
+
+def sample_names(registry: CollectorRegistry) -> Sequence[str]:
+    """Every sample name ``registry`` can expose (``_total``, ``_bucket`` …), for config checks."""
+    names: set[str] = set()
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "summary": ("", "_sum", "_count", "_created"),
+        "info": ("_info",),
+        "gauge": ("",),
+    }
+    for family in registry.collect():
+        for suffix in suffixes.get(family.type, ("",)):
+            names.add(family.name + suffix)
+    return sorted(names)

@@ -10,7 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from contracts import tenancy
 from contracts.messages import Usage
 from contracts.turns import TurnResult
-from worker.runtime.metrics import TENANT_LABELLED, TenantLabel, WorkerMetrics
+from worker.runtime.metric_bounds import TENANT_LABELLED
+from worker.runtime.metrics import TenantLabel, WorkerMetrics
 from worker.runtime.tenant_label import tenant_label
 from worker.settings import TenancySettings
 

@@ -46,56 +46,37 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from typing import Any, Final
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from contracts.events import EVENT_TYPES, Event
+from contracts.events import EVENT_TYPES
 from contracts.messages import Usage
-from contracts.runtime.metrics import TOOL_BUCKETS, build_info, package_version
+from contracts.runtime.metrics import TOOL_BUCKETS, build_info, package_version, sample_names
 from contracts.turns import TurnResult
-from worker.loop.ports import EventSink, LoopObserver, ToolCallOutcome
+from worker.loop.ports import LoopObserver, ToolCallOutcome
 from worker.loop.spec import AgentSpec
+from worker.runtime.metric_bounds import (
+    MODEL_DURATION_BUCKETS,
+    OPERATION_CHAT,
+    STEP_BUCKETS,
+    STEPS_PER_TURN_BUCKETS,
+    STORE_BUCKETS,
+    STORE_OPERATIONS,
+    TOKEN_BUCKETS,
+    TURN_BUCKETS,
+)
 from worker.runtime.tenant_label import TenantLabel
 
 __all__ = [
-    "CountingSink",
     "TenantLabel",
     "WorkerMetrics",
     "build_info",
     "package_version",
     "sample_names",
 ]
-
-OPERATION_CHAT: Final = "chat"
-"""``gen_ai.operation.name`` of a chat-completions call."""
-
-# OpenTelemetry GenAI semantic conventions: explicit bucket boundaries advised for these two.
-MODEL_DURATION_BUCKETS: Final = (
-    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
-)  # fmt: skip
-TOKEN_BUCKETS: Final = (
-    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
-)  # fmt: skip
-TURN_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
-STEP_BUCKETS: Final = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
-STEPS_PER_TURN_BUCKETS: Final = (1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50)
-STORE_BUCKETS: Final = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
-)  # fmt: skip
-STORE_OPERATIONS: Final = (
-    "accept", "lease", "renew", "release", "save", "load_messages", "read",
-)  # fmt: skip
-
-
-TENANT_LABELLED: Final = (
-    "turns_started", "turns_finished", "turn_duration", "turn_steps", "step_duration",
-    "model_tokens", "tool_duration", "hints", "caps", "budgets", "children", "cancellations",
-    "throttles", "dead_lettered", "dropped", "session_reads",
-)  # fmt: skip
-"""The metrics (``WorkerMetrics`` attributes) that carry a ``tenant`` label when asked to."""
 
 
 class WorkerMetrics(LoopObserver):
@@ -417,35 +398,3 @@ class WorkerMetrics(LoopObserver):
         """Counts a tool RPC as in progress while the block runs."""
         gauge: Gauge = self.child(self.tool_in_progress, tool)
         return gauge.track_inprogress()
-
-
-class CountingSink:
-    """``EventSink`` that counts what it publishes (and fails to publish) through ``inner``."""
-
-    def __init__(self, inner: EventSink, metrics: WorkerMetrics) -> None:
-        self.inner = inner
-        self.metrics = metrics
-
-    async def emit(self, event: Event) -> None:
-        try:
-            await self.inner.emit(event)
-        except Exception:
-            self.metrics.child(self.metrics.event_errors, event.type).inc()
-            raise
-        self.metrics.child(self.metrics.events, event.type).inc()
-
-
-def sample_names(registry: CollectorRegistry) -> Sequence[str]:
-    """Every sample name ``registry`` can expose (``_total``, ``_bucket`` …), for config checks."""
-    names: set[str] = set()
-    suffixes = {
-        "counter": ("_total", "_created"),
-        "histogram": ("_bucket", "_sum", "_count", "_created"),
-        "summary": ("", "_sum", "_count", "_created"),
-        "info": ("_info",),
-        "gauge": ("",),
-    }
-    for family in registry.collect():
-        for suffix in suffixes.get(family.type, ("",)):
-            names.add(family.name + suffix)
-    return sorted(names)
