@@ -51,10 +51,9 @@ from contracts import topology as t
 from contracts.base import SAFE_ID_PATTERN
 from contracts.codec import DecodeError, decode
 from contracts.control import TurnCancel, TurnChildResult, TurnDecision
-from contracts.events import UNKNOWN, TurnRejected, make_event
 from contracts.runtime.tracing import header_traceparent, header_tracestate
 from contracts.sessions import SessionDelete
-from contracts.turns import TurnRejection, TurnRequest
+from contracts.turns import TurnRequest
 from contracts.work import StepWork
 from worker.errors import PermanentError, RetryableError, StaleStateError
 from worker.loop import EventSink
@@ -66,12 +65,12 @@ from worker.transport.delivery import (
     channel_closed,
     child_request,
     count,
-    rejected_request,
     step_work,
     taken_before,
 )
 from worker.transport.outbox import Outbox
 from worker.transport.publish import Publisher, properties
+from worker.transport.refusals import announce_rejected
 from worker.transport.senders import Senders
 from worker.transport.tenants import Tenants
 
@@ -369,7 +368,14 @@ class Consumer:
         if headers.get(t.H_KIND, t.KIND_START) == t.KIND_START:
             # a turn request's turn is rejected; any other message (a step, a control message,
             # one of a kind this worker does not know) rejects no turn
-            await self._announce_rejected(message, reason, letter.code)
+            await announce_rejected(
+                message,
+                reason,
+                letter.code,
+                outbox=self.outbox,
+                events=self.events,
+                tenants=self.tenants,
+            )
         return None
 
     async def _give_back(self, message: AbstractIncomingMessage, exc: BaseException) -> None:
@@ -396,35 +402,3 @@ class Consumer:
         # should the delivery channel go down too, the broker delivers the message again
         with contextlib.suppress(AMQPError, ChannelInvalidStateError, ConnectionError):
             await message.nack(requeue=True)
-
-    async def _announce_rejected(
-        self, message: AbstractIncomingMessage, reason: str, code: str
-    ) -> None:
-        """A refused turn request: its publisher gets a ``TurnRejection`` on the reply queue it
-        named, and ``turn.rejected`` is announced where its turn id can be read (from the body,
-        else the ``message_id`` it was published with)."""
-        turn_id, agent, session_id, reply_to = rejected_request(message)
-        if reply_to is not None:
-            rejection = TurnRejection(
-                turn_id=turn_id,
-                session_id=session_id,
-                agent=agent,
-                code=code[:64],
-                reason=reason,
-                rejected_at=time.time(),
-            )
-            await self.outbox.reject(reply_to, rejection, turn_id or message.correlation_id)
-        if turn_id is None or (self.tenants.enabled and tenancy.current() is None):
-            return  # no turn, or a message refused before its tenant was known: no one's events
-        event = make_event(
-            "turn.rejected",
-            TurnRejected(reason=reason, code=code[:64]),
-            agent=agent or UNKNOWN,
-            time=time.time(),
-            turn_id=turn_id,
-            session_id=session_id,
-        )
-        try:
-            await self.events.emit(event)
-        except Exception:
-            log.exception("could not publish turn.rejected")
