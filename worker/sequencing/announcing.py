@@ -5,14 +5,28 @@ published is logged, never raised: events only observe."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from contracts.events import TurnAccepted, TurnFinished, finish_event_type, make_event
 from contracts.turns import TurnRequest, TurnResult
 from worker.loop import EventSink
 from worker.runtime.tracing import Tracing
+from worker.sequencing.actions import Action, Reply
 
 log = logging.getLogger("loopwire.sequencer")
+
+
+async def answers(
+    deliver: Callable[[TurnResult], Awaitable[TurnResult]],
+    result: TurnResult,
+    replies: Sequence[str],
+) -> list[Action]:
+    """A turn's result to each reply queue its publishers named, as delivered to them
+    (``deliver``: the publisher's copy, e.g. with redacted values restored)."""
+    if not replies:
+        return []
+    delivered = await deliver(result)
+    return [Reply(reply_to, delivered) for reply_to in replies]
 
 
 class Announcing:

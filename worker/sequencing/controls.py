@@ -33,13 +33,13 @@ from worker.sequencing.actions import (
     Control,
     Delay,
     Drop,
-    Reply,
     Start,
     Step,
     cancel_children,
     to_parent,
     wake,
 )
+from worker.sequencing.announcing import answers
 from worker.session.port import SessionStore, StepSession
 
 log = logging.getLogger("loopwire.sequencer")
@@ -130,11 +130,7 @@ class Controls:
         """What follows a queued turn's end: its event, its replies, and a child's report to
         its parent (a child queued in a named session ends its parent's wait too)."""
         await self._emit_finished(result)
-        actions: list[Action] = []
-        if replies:
-            delivered = await self.deliver(result)
-            actions += [Reply(reply_to, delivered) for reply_to in replies]
-        return [*actions, *to_parent(result)]
+        return [*await answers(self.deliver, result, replies), *to_parent(result)]
 
     async def _cancelled_before(self, session_id: str, cancel: TurnCancel) -> list[Action]:
         """A cancel for a turn that has ended. If this cancel ended it (a copy of the one that

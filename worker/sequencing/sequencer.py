@@ -45,13 +45,12 @@ from worker.sequencing.actions import (
     Action,
     Busy,
     Drop,
-    Reply,
     Step,
     cancel_children,
     first_step,
     to_parent,
 )
-from worker.sequencing.announcing import Announcing
+from worker.sequencing.announcing import Announcing, answers
 from worker.sequencing.controls import Controls
 from worker.sequencing.erasure import Erasure, Forget
 from worker.sequencing.throttling import Throttling
@@ -136,9 +135,8 @@ class SessionSequencer(Announcing, Throttling, Controls, Erasure):
             state = await self.store.stored_state(request.session_id)
             await announce_ended_step(self.events, accepted.result, state)
             await self._emit_finished(accepted.result)
-            replies: list[Action] = []
-            if request.reply_to:
-                replies.append(Reply(request.reply_to, await self.deliver(accepted.result)))
+            reply_to = (request.reply_to,) if request.reply_to else ()
+            replies = await answers(self.deliver, accepted.result, reply_to)
             # a child's parent hears of it again (the worker that finished it may have died
             # before it could tell; a copy is dropped there)
             replies += to_parent(accepted.result)
@@ -359,11 +357,8 @@ class SessionSequencer(Announcing, Throttling, Controls, Erasure):
         """What follows a turn's end: the reply to its publisher, and the session's next turn."""
         if self.tracing is not None:
             self.tracing.ended(finished.trace, request, finished.result)
-        actions: list[Action] = []
         replies = session.replies or ((request.reply_to,) if request.reply_to else ())
-        if replies:
-            delivered = await self.deliver(finished.result)
-            actions += [Reply(reply_to, delivered) for reply_to in replies]
+        actions = await answers(self.deliver, finished.result, replies)
         actions += to_parent(finished.result)
         actions += cancel_children(finished.orphans, request.turn_id, finished.result.finish_reason)
         if session.next_turn is not None:
@@ -382,10 +377,7 @@ class SessionSequencer(Announcing, Throttling, Controls, Erasure):
         replies = await self.store.reply_to(work.session_id, work.turn_id)
         await announce_ended_step(self.events, result, state)
         await self._emit_finished(result)
-        actions: list[Action] = []
-        if replies:
-            delivered = await self.deliver(result)
-            actions += [Reply(reply_to, delivered) for reply_to in replies]
+        actions = await answers(self.deliver, result, replies)
         actions += to_parent(result)
         if head is not None and head != work.turn_id:
             actions.append(first_step(work.session_id, head))
